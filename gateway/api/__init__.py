@@ -1,0 +1,1 @@
+"""Thin REST handlers and their request and response models, one module per resource."""

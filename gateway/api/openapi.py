@@ -1,0 +1,170 @@
+"""The OpenAPI 3.1 document, built from the same declarations and models the handlers use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from http import HTTPStatus
+from typing import Any
+
+import pydantic
+import swagger_ui_bundle
+from aiohttp import web
+
+from gateway.api.routing import API_PREFIX, Endpoint, Routes, json_response
+from gateway.auth import PUBLIC
+from gateway.keys import OPENAPI_DOCUMENT
+
+_REF = "#/components/schemas/{model}"
+
+_SECURITY_SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+    "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+}
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {"detail": {"type": "string"}},
+    "required": ["detail"],
+    "title": "Error",
+}
+
+
+class _Components:
+    def __init__(self) -> None:
+        self.schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA}
+
+    def schema_of(self, annotation: Any, mode: str) -> dict[str, Any]:
+        schema = pydantic.TypeAdapter(annotation).json_schema(ref_template=_REF, mode=mode)  # type: ignore[arg-type]
+        self.schemas.update(schema.pop("$defs", {}))
+        if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+            name = annotation.__name__
+            self.schemas[name] = schema
+            return {"$ref": _REF.format(model=name)}
+        return schema
+
+
+def _parameters(endpoint: Endpoint, components: _Components) -> list[dict[str, Any]]:
+    params: list[dict[str, Any]] = [
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "format": "uuid"},
+        }
+        for name in endpoint.path_params
+    ]
+    if endpoint.access.path_workspace and "workspace_id" not in endpoint.path_params:
+        params.insert(
+            0,
+            {
+                "name": "workspace_id",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "format": "uuid"},
+            },
+        )
+    if endpoint.query is not None:
+        schema = endpoint.query.model_json_schema(ref_template=_REF)
+        required = set(schema.get("required", []))
+        for name, prop in schema.get("properties", {}).items():
+            param = {"name": name, "in": "query", "required": name in required, "schema": prop}
+            if "description" in prop:
+                param["description"] = prop["description"]
+            params.append(param)
+    return params
+
+
+def _operation(endpoint: Endpoint, components: _Components) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "tags": [endpoint.tag],
+        "summary": endpoint.summary,
+        "operationId": f"{endpoint.method.lower()}_{endpoint.path}".replace("/", "_")
+        .replace("{", "")
+        .replace("}", "")
+        .replace("-", "_"),
+    }
+    if endpoint.description:
+        op["description"] = endpoint.description
+    access = endpoint.access
+    if access is PUBLIC or not access.authenticated:
+        op["security"] = []
+    else:
+        op["security"] = [{"bearer": []}, {"apiKey": []}] if access.api_key else [{"bearer": []}]
+        if access.min_role is not None:
+            op["description"] = (
+                f"{op.get('description', '')}\n\nRequires role: {access.min_role} or higher"
+                f"{' (API keys allowed)' if access.api_key else ''}."
+            ).strip()
+    params = _parameters(endpoint, components)
+    if params:
+        op["parameters"] = params
+    if endpoint.body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": components.schema_of(endpoint.body, "validation")}
+            },
+        }
+    success: dict[str, Any] = {"description": HTTPStatus(endpoint.status).phrase}
+    if endpoint.response is not None:
+        success["content"] = {
+            "application/json": {"schema": components.schema_of(endpoint.response, "serialization")}
+        }
+    responses: dict[str, Any] = {str(endpoint.status): success}
+    for code in endpoint.errors:
+        responses[str(code)] = {
+            "description": HTTPStatus(code).phrase,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}},
+        }
+    op["responses"] = responses
+    return op
+
+
+def build_document(endpoints: Iterable[Endpoint], version: str) -> dict[str, Any]:
+    components = _Components()
+    paths: dict[str, dict[str, Any]] = {}
+    for endpoint in endpoints:
+        paths.setdefault(API_PREFIX + endpoint.path, {})[endpoint.method.lower()] = _operation(
+            endpoint, components
+        )
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "mcp-gateway",
+            "version": version,
+            "description": (
+                "Multi-tenant gateway and monitoring service for MCP servers. Every error is "
+                '`{"detail": "..."}`. Timestamps are ISO 8601 UTC; ids are UUIDs.'
+            ),
+        },
+        "paths": paths,
+        "components": {"schemas": components.schemas, "securitySchemes": _SECURITY_SCHEMES},
+    }
+
+
+routes = Routes("meta")
+
+_DOCS_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>mcp-gateway API</title>
+<link rel="stylesheet" href="{static}/swagger-ui.css"></head>
+<body><div id="ui"></div>
+<script src="{static}/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({{url: "{spec}", dom_id: "#ui"}});</script>
+</body></html>"""
+
+DOCS_STATIC = "/api/v1/docs/static"
+
+
+@routes.get("/openapi.json", summary="This OpenAPI document", access=PUBLIC)
+async def openapi_json(request: web.Request) -> web.Response:
+    return json_response(request.app[OPENAPI_DOCUMENT])
+
+
+@routes.get("/docs", summary="Human-readable API documentation (Swagger UI)", access=PUBLIC)
+async def docs_page(request: web.Request) -> web.Response:
+    page = _DOCS_PAGE.format(static=DOCS_STATIC, spec=f"{API_PREFIX}/openapi.json")
+    return web.Response(text=page, content_type="text/html")
+
+
+def add_docs_static(app: web.Application) -> None:
+    app.router.add_static(DOCS_STATIC, swagger_ui_bundle.swagger_ui_path)

@@ -1,0 +1,202 @@
+"""Declaring API routes: access, request models and response shape in one decorator.
+
+A handler is `async def f(request, [body], [query], [<path params>])`. Parameters named `body`
+and `query` are validated from the JSON body and the query string with their annotated type;
+parameters annotated `uuid.UUID` come from the path (malformed means 404). The handler returns
+plain data (dicts, lists, dataclasses, pydantic models), None for 204, or its own StreamResponse.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pydantic
+from aiohttp import web
+
+from gateway.auth import PRINCIPAL, Access, path_uuid
+from gateway.errors import BadRequest, ValidationFailed
+from gateway.keys import AUTHENTICATOR
+
+API_PREFIX = "/api/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    method: str
+    path: str
+    summary: str
+    access: Access
+    status: int
+    response: Any
+    body: Any
+    query: type[pydantic.BaseModel] | None
+    path_params: tuple[str, ...]
+    errors: tuple[int, ...]
+    tag: str
+    description: str = ""
+
+
+@dataclass
+class Routes:
+    """The endpoints of one API module, collected by decorators and mounted by the app."""
+
+    tag: str
+    endpoints: list[tuple[Endpoint, Callable[..., Awaitable[Any]]]] = field(default_factory=list)
+
+    def route(
+        self,
+        method: str,
+        path: str,
+        *,
+        summary: str,
+        access: Access,
+        status: int = 200,
+        response: Any = None,
+        errors: Iterable[int] = (),
+    ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+        def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            hints = typing.get_type_hints(fn)
+            params = list(inspect.signature(fn).parameters)[1:]
+            endpoint = Endpoint(
+                method=method,
+                path=path,
+                summary=summary,
+                access=access,
+                status=status,
+                response=response,
+                body=hints.get("body"),
+                query=hints.get("query"),
+                path_params=tuple(p for p in params if hints.get(p) is uuid.UUID),
+                errors=_errors_for(access, hints, errors),
+                tag=self.tag,
+                description=inspect.cleandoc(fn.__doc__ or ""),
+            )
+            self.endpoints.append((endpoint, fn))
+            return fn
+
+        return decorate
+
+    def get(self, path: str, **kw: Any) -> Callable[[Callable[..., Awaitable[Any]]], Any]:
+        return self.route("GET", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Callable[[Callable[..., Awaitable[Any]]], Any]:
+        return self.route("POST", path, **kw)
+
+    def patch(self, path: str, **kw: Any) -> Callable[[Callable[..., Awaitable[Any]]], Any]:
+        return self.route("PATCH", path, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Callable[[Callable[..., Awaitable[Any]]], Any]:
+        return self.route("DELETE", path, status=204, **kw)
+
+
+def _errors_for(access: Access, hints: dict[str, Any], extra: Iterable[int]) -> tuple[int, ...]:
+    codes = set(extra)
+    if access.authenticated:
+        codes.add(401)
+    if access.min_role is not None or not access.api_key:
+        codes.add(403)
+    if "body" in hints:
+        codes.update((400, 413, 422))
+    if "query" in hints:
+        codes.add(422)
+    if any(h is uuid.UUID for h in hints.values()) or access.path_workspace:
+        codes.add(404)
+    return tuple(sorted(codes))
+
+
+def validation_detail(exc: pydantic.ValidationError, where: str) -> str:
+    """One readable line naming each failing field, e.g. 'body.password: String should ...'."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        location = ".".join([where, *(str(p) for p in error["loc"])])
+        parts.append(f"{location}: {error['msg']}")
+    return "; ".join(parts)
+
+
+class _Handler:
+    """The aiohttp handler for one endpoint; `access` is read by the auth middleware."""
+
+    __slots__ = ("access", "body_adapter", "endpoint", "fn")
+
+    def __init__(self, endpoint: Endpoint, fn: Callable[..., Awaitable[Any]]) -> None:
+        self.endpoint = endpoint
+        self.access = endpoint.access
+        self.fn = fn
+        self.body_adapter = (
+            pydantic.TypeAdapter(endpoint.body) if endpoint.body is not None else None
+        )
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        endpoint = self.endpoint
+        if endpoint.access.authenticated:
+            authenticator = request.app[AUTHENTICATOR]
+            request[PRINCIPAL] = await authenticator.authenticate(request, endpoint.access)
+        kwargs: dict[str, Any] = {}
+        for name in endpoint.path_params:
+            kwargs[name] = path_uuid(request, name, name.removesuffix("_id").replace("_", " "))
+        if self.body_adapter is not None:
+            kwargs["body"] = await read_body(request, self.body_adapter)
+        if endpoint.query is not None:
+            kwargs["query"] = read_query(request, endpoint.query)
+        result = await self.fn(request, **kwargs)
+        if isinstance(result, web.StreamResponse):
+            return result
+        if result is None:
+            return web.Response(status=204)
+        return json_response(result, endpoint.status)
+
+
+async def read_body(request: web.Request, adapter: pydantic.TypeAdapter[Any]) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        raise BadRequest("request body is required (JSON)")
+    try:
+        return adapter.validate_json(raw)
+    except pydantic.ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise BadRequest("request body is not valid JSON") from None
+        # The top level itself has the wrong type (e.g. an array where an object belongs).
+        if all(not e["loc"] for e in errors):
+            raise BadRequest("request body must be a JSON object") from None
+        raise ValidationFailed(validation_detail(exc, "body")) from None
+
+
+def read_query(request: web.Request, model: type[pydantic.BaseModel]) -> Any:
+    try:
+        return model.model_validate(dict(request.query))
+    except pydantic.ValidationError as exc:
+        raise ValidationFailed(validation_detail(exc, "query")) from None
+
+
+def _default(value: Any) -> Any:
+    # asyncpg returns its own UUID subclass, which orjson does not recognise as a UUID.
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        status=status, body=orjson.dumps(data, default=_default), content_type="application/json"
+    )
+
+
+def mount(app: web.Application, modules: Iterable[Routes]) -> list[Endpoint]:
+    """Add every endpoint under /api/v1; returns them for the OpenAPI document."""
+    endpoints = []
+    for routes in modules:
+        for endpoint, fn in routes.endpoints:
+            app.router.add_route(
+                endpoint.method, API_PREFIX + endpoint.path, _Handler(endpoint, fn).handle
+            )
+            endpoints.append(endpoint)
+    return endpoints

@@ -1,0 +1,326 @@
+"""/workspaces: workspaces, their members, invitations and API keys."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from aiohttp import web
+
+from gateway.api.models import Body, Email, InviteRole, Name, Out, RoleName, Slug, WorkspaceOut
+from gateway.api.routing import Routes
+from gateway.auth import PRINCIPAL, USER, WS_ADMIN, WS_MEMBER, WS_OWNER, Principal, Role
+from gateway.db import api_keys as api_keys_db
+from gateway.db import invites as invites_db
+from gateway.db import memberships as memberships_db
+from gateway.db import users as users_db
+from gateway.db import workspaces as workspaces_db
+from gateway.errors import BadRequest, Forbidden, NotFound
+from gateway.keys import AUTHENTICATOR, MAILER, POOL, SETTINGS
+from gateway.security.api_keys import DISPLAY_PREFIX_LENGTH, new_api_key
+from gateway.security.tokens import hash_token, new_opaque_token
+
+routes = Routes("workspaces")
+
+
+class WorkspaceIn(Body):
+    name: Name
+    slug: Slug | None = None
+
+
+class WorkspacePatch(Body):
+    name: Name | None = None
+    slug: Slug | None = None
+
+
+class MemberOut(Out):
+    user_id: uuid.UUID
+    email: str
+    name: str
+    role: RoleName
+    joined_at: datetime
+
+
+class MemberPatch(Body):
+    role: RoleName
+
+
+class InviteIn(Body):
+    email: Email
+    role: InviteRole = "member"
+
+
+class InviteOut(Out):
+    id: uuid.UUID
+    email: str
+    role: InviteRole
+    status: Literal["pending", "accepted", "revoked"]
+    invited_by: uuid.UUID | None
+    created_at: datetime
+    expires_at: datetime
+
+
+class InviteCreated(InviteOut):
+    invite_url: str
+
+
+class ApiKeyIn(Body):
+    name: Name
+
+
+class ApiKeyOut(Out):
+    id: uuid.UUID
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    created_by: uuid.UUID | None
+
+
+class ApiKeyCreated(ApiKeyOut):
+    key: str
+
+
+def _user_id(principal: Principal) -> uuid.UUID:
+    assert principal.user_id is not None  # workspace endpoints refuse API keys
+    return principal.user_id
+
+
+@routes.get(
+    "/workspaces",
+    summary="Workspaces of the current user",
+    access=USER,
+    response=list[WorkspaceOut],
+)
+async def list_workspaces(request: web.Request) -> list[dict[str, Any]]:
+    return await workspaces_db.list_for_user(request.app[POOL], _user_id(request[PRINCIPAL]))
+
+
+@routes.post(
+    "/workspaces",
+    summary="Create an org workspace (you become its owner)",
+    access=USER,
+    status=201,
+    response=WorkspaceOut,
+    errors=(400,),
+)
+async def create_workspace(request: web.Request, body: WorkspaceIn) -> dict[str, Any]:
+    """Without `slug`, one is derived from the name. Slugs are unique across the service."""
+    pool = request.app[POOL]
+    async with pool.acquire() as conn, conn.transaction():
+        slug = body.slug or await workspaces_db.free_slug(conn, body.name)
+        return await workspaces_db.create(
+            conn, _user_id(request[PRINCIPAL]), body.name, slug, personal=False
+        )
+
+
+@routes.get(
+    "/workspaces/{workspace_id}",
+    summary="Workspace details",
+    access=WS_MEMBER,
+    response=WorkspaceOut,
+)
+async def get_workspace(request: web.Request, workspace_id: uuid.UUID) -> dict[str, Any]:
+    workspace = await workspaces_db.get(
+        request.app[POOL], workspace_id, _user_id(request[PRINCIPAL])
+    )
+    if workspace is None:
+        raise NotFound("workspace not found")
+    return workspace
+
+
+@routes.patch(
+    "/workspaces/{workspace_id}",
+    summary="Rename a workspace or change its slug",
+    access=WS_ADMIN,
+    response=WorkspaceOut,
+    errors=(400,),
+)
+async def update_workspace(
+    request: web.Request, workspace_id: uuid.UUID, body: WorkspacePatch
+) -> dict[str, Any]:
+    workspace = await workspaces_db.update(
+        request.app[POOL], workspace_id, _user_id(request[PRINCIPAL]), body.name, body.slug
+    )
+    if workspace is None:
+        raise NotFound("workspace not found")
+    return workspace
+
+
+@routes.delete(
+    "/workspaces/{workspace_id}",
+    summary="Delete a workspace and all its data",
+    access=WS_OWNER,
+    errors=(400,),
+)
+async def delete_workspace(request: web.Request, workspace_id: uuid.UUID) -> None:
+    """A personal workspace cannot be deleted."""
+    if not await workspaces_db.delete(request.app[POOL], workspace_id):
+        raise BadRequest("a personal workspace cannot be deleted")
+    request.app[AUTHENTICATOR].forget_workspace(workspace_id)
+
+
+@routes.get(
+    "/workspaces/{workspace_id}/members",
+    summary="Members and their roles",
+    access=WS_MEMBER,
+    response=list[MemberOut],
+)
+async def list_members(request: web.Request, workspace_id: uuid.UUID) -> list[dict[str, Any]]:
+    return await memberships_db.list_members(request.app[POOL], workspace_id)
+
+
+@routes.post(
+    "/workspaces/{workspace_id}/members/invite",
+    summary="Invite someone by email",
+    access=WS_ADMIN,
+    status=201,
+    response=InviteCreated,
+    errors=(400,),
+)
+async def invite_member(
+    request: web.Request, workspace_id: uuid.UUID, body: InviteIn
+) -> dict[str, Any]:
+    """Sends the invitation email (when SMTP_URL is configured). `invite_url` is returned only
+    here. An earlier pending invitation of the same email to this workspace is replaced."""
+    app = request.app
+    pool = app[POOL]
+    inviter_id = _user_id(request[PRINCIPAL])
+    async with pool.acquire() as conn, conn.transaction():
+        if await memberships_db.is_member_by_email(conn, workspace_id, body.email):
+            raise BadRequest(f"{body.email} is already a member of this workspace")
+        await invites_db.revoke_pending_for_email(conn, workspace_id, body.email)
+        token = new_opaque_token()
+        invite = await invites_db.insert(
+            conn,
+            workspace_id,
+            body.email,
+            body.role,
+            token,
+            inviter_id,
+            app[SETTINGS].invite_ttl_days,
+        )
+        workspace = await workspaces_db.get(conn, workspace_id, inviter_id)
+        inviter = await users_db.by_id(conn, inviter_id)
+    assert workspace is not None and inviter is not None
+    invite["invite_url"] = f"{app[SETTINGS].base_url}/invite/{token}"
+    app[MAILER].send_invite(body.email, workspace["name"], inviter.name, invite["invite_url"])
+    return invite
+
+
+@routes.patch(
+    "/workspaces/{workspace_id}/members/{user_id}",
+    summary="Change a member's role",
+    access=WS_OWNER,
+    response=MemberOut,
+    errors=(400,),
+)
+async def update_member(
+    request: web.Request, workspace_id: uuid.UUID, user_id: uuid.UUID, body: MemberPatch
+) -> dict[str, Any]:
+    """The last owner cannot be demoted (400)."""
+    pool = request.app[POOL]
+    try:
+        found = await memberships_db.set_role(pool, workspace_id, user_id, body.role)
+    except memberships_db.LastOwner:
+        raise BadRequest("a workspace must keep at least one owner") from None
+    if not found:
+        raise NotFound("member not found")
+    request.app[AUTHENTICATOR].forget_membership(workspace_id, user_id)
+    member = await memberships_db.get_member(pool, workspace_id, user_id)
+    if member is None:
+        raise NotFound("member not found")
+    return member
+
+
+@routes.delete(
+    "/workspaces/{workspace_id}/members/{user_id}",
+    summary="Remove a member",
+    access=WS_ADMIN,
+    errors=(400,),
+)
+async def remove_member(request: web.Request, workspace_id: uuid.UUID, user_id: uuid.UUID) -> None:
+    """Owners may remove anyone (except the last owner); admins may remove members only."""
+    principal = request[PRINCIPAL]
+    pool = request.app[POOL]
+    target_role = await memberships_db.role_of(pool, workspace_id, user_id)
+    if target_role is None:
+        raise NotFound("member not found")
+    if principal.role is not Role.OWNER and target_role != Role.MEMBER:
+        raise Forbidden("admins can only remove members; ask an owner")
+    try:
+        found = await memberships_db.remove(pool, workspace_id, user_id)
+    except memberships_db.LastOwner:
+        raise BadRequest("a workspace must keep at least one owner") from None
+    if not found:
+        raise NotFound("member not found")
+    request.app[AUTHENTICATOR].forget_membership(workspace_id, user_id)
+
+
+@routes.get(
+    "/workspaces/{workspace_id}/invites",
+    summary="Pending invitations",
+    access=WS_MEMBER,
+    response=list[InviteOut],
+)
+async def list_invites(request: web.Request, workspace_id: uuid.UUID) -> list[dict[str, Any]]:
+    return await invites_db.list_pending(request.app[POOL], workspace_id)
+
+
+@routes.delete(
+    "/workspaces/{workspace_id}/invites/{invite_id}",
+    summary="Revoke a pending invitation",
+    access=WS_ADMIN,
+)
+async def revoke_invite(
+    request: web.Request, workspace_id: uuid.UUID, invite_id: uuid.UUID
+) -> None:
+    if not await invites_db.revoke(request.app[POOL], workspace_id, invite_id):
+        raise NotFound("invite not found")
+
+
+@routes.get(
+    "/workspaces/{workspace_id}/api-keys",
+    summary="API keys (never their values)",
+    access=WS_MEMBER,
+    response=list[ApiKeyOut],
+)
+async def list_api_keys(request: web.Request, workspace_id: uuid.UUID) -> list[dict[str, Any]]:
+    return await api_keys_db.list_active(request.app[POOL], workspace_id)
+
+
+@routes.post(
+    "/workspaces/{workspace_id}/api-keys",
+    summary="Create an API key",
+    access=WS_ADMIN,
+    status=201,
+    response=ApiKeyCreated,
+)
+async def create_api_key(
+    request: web.Request, workspace_id: uuid.UUID, body: ApiKeyIn
+) -> dict[str, Any]:
+    """The raw `key` is in this response only; it is stored as a hash and cannot be shown
+    again. Send it as `X-API-Key`."""
+    raw = new_api_key()
+    created = await api_keys_db.insert(
+        request.app[POOL],
+        workspace_id,
+        body.name,
+        raw[:DISPLAY_PREFIX_LENGTH],
+        hash_token(raw),
+        _user_id(request[PRINCIPAL]),
+    )
+    created["key"] = raw
+    return created
+
+
+@routes.delete(
+    "/workspaces/{workspace_id}/api-keys/{key_id}", summary="Revoke an API key", access=WS_ADMIN
+)
+async def revoke_api_key(request: web.Request, workspace_id: uuid.UUID, key_id: uuid.UUID) -> None:
+    """Immediate and irreversible, in every gateway process."""
+    key_hash = await api_keys_db.revoke(request.app[POOL], workspace_id, key_id)
+    if key_hash is None:
+        raise NotFound("API key not found")
+    request.app[AUTHENTICATOR].keys.drop(key_hash)

@@ -1,0 +1,105 @@
+"""create_app(settings): the whole application, assembled in dependency order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from importlib.metadata import PackageNotFoundError, version
+
+import aiohttp
+from aiohttp import web
+
+from gateway.api import auth as auth_api
+from gateway.api import openapi
+from gateway.api import workspaces as workspaces_api
+from gateway.api.routing import mount
+from gateway.auth import Authenticator
+from gateway.caches import Caches
+from gateway.config import Settings
+from gateway.db.pool import create_pool
+from gateway.db.schema import apply_schema
+from gateway.errors import error_middleware
+from gateway.keys import (
+    AUTHENTICATOR,
+    CACHES,
+    ENDPOINTS,
+    HTTP,
+    MAILER,
+    OPENAPI_DOCUMENT,
+    POOL,
+    RATE_LIMITER,
+    SECRET_BOX,
+    SETTINGS,
+)
+from gateway.mailer import Mailer
+from gateway.ratelimit import AuthRateLimiter
+from gateway.security.secretbox import SecretBox
+from gateway.workers.api_key_usage import record_key_usage
+from gateway.workers.cache_listener import listen_for_invalidations
+from gateway.workers.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
+
+API_MODULES = (openapi.routes, auth_api.routes, workspaces_api.routes)
+
+
+def service_version() -> str:
+    try:
+        return version("mcp-gateway")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+async def _database(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    assert settings.database_url is not None, "create_app needs settings.database_url"
+    pool = await create_pool(settings.database_url)
+    async with pool.acquire() as conn:
+        await apply_schema(conn)
+    app[POOL] = pool
+    app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
+    yield
+    await pool.close()
+
+
+async def _http_client(app: web.Application) -> AsyncIterator[None]:
+    # No total timeout: long SSE streams are legitimate. Each use bounds connect and reads.
+    session = aiohttp.ClientSession(
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300),
+    )
+    app[HTTP] = session
+    yield
+    await session.close()
+
+
+async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
+    # Started last and stopped first, so they never outlive the pool or the HTTP client.
+    settings = app[SETTINGS]
+    assert settings.database_url is not None
+    tasks = BackgroundTasks()
+    tasks.start("cache-listener", listen_for_invalidations(settings.database_url, app[CACHES]))
+    tasks.start("api-key-usage", record_key_usage(app[POOL], app[AUTHENTICATOR]))
+    yield
+    await tasks.stop()
+    await app[MAILER].close()
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        # Authentication happens per route (gateway.api.routing), inside this middleware.
+        middlewares=[error_middleware],
+    )
+    app[SETTINGS] = settings
+    app[CACHES] = Caches()
+    app[RATE_LIMITER] = AuthRateLimiter(settings.auth_rate_limit)
+    app[SECRET_BOX] = SecretBox(settings.secret_keys)
+    app[MAILER] = Mailer(settings.smtp_url)
+    endpoints = mount(app, API_MODULES)
+    app[ENDPOINTS] = endpoints
+    app[OPENAPI_DOCUMENT] = openapi.build_document(endpoints, service_version())
+    openapi.add_docs_static(app)
+    app.cleanup_ctx.extend([_database, _http_client, _background_tasks])
+    return app

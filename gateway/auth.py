@@ -1,0 +1,156 @@
+"""Who is calling (JWT or API key) and whether their role lets them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+
+import asyncpg
+from aiohttp import web
+
+from gateway.caches import Caches, InvalidatedCache
+from gateway.db import api_keys as api_keys_db
+from gateway.db import memberships as memberships_db
+from gateway.errors import Forbidden, NotFound, Unauthorized
+from gateway.security.tokens import InvalidToken, hash_token, read_access_token
+
+
+class Role(StrEnum):
+    OWNER = "owner"
+    ADMIN = "admin"
+    MEMBER = "member"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """Who may call an endpoint; declared once per route (see gateway.api.routing)."""
+
+    authenticated: bool = True
+    # Lowest workspace role needed; None: any logged-in user, whatever their role.
+    min_role: Role | None = None
+    api_key: bool = False
+    # Check the role in the workspace named by the {workspace_id} path parameter instead of
+    # the workspace the token is scoped to.
+    path_workspace: bool = False
+
+
+PUBLIC = Access(authenticated=False)
+USER = Access()
+READ = Access(min_role=Role.MEMBER, api_key=True)
+# The proxy and tool-call ingestion: what an API key may do beyond reading.
+USE = Access(min_role=Role.MEMBER, api_key=True)
+ADMIN = Access(min_role=Role.ADMIN)
+WS_MEMBER = Access(min_role=Role.MEMBER, path_workspace=True)
+WS_ADMIN = Access(min_role=Role.ADMIN, path_workspace=True)
+WS_OWNER = Access(min_role=Role.OWNER, path_workspace=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    workspace_id: uuid.UUID
+    # None only on USER endpoints, when the user is no longer a member of the token's workspace.
+    role: Role | None
+    user_id: uuid.UUID | None = None
+    api_key_id: uuid.UUID | None = None
+
+
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+class Authenticator:
+    """Resolves credentials to a Principal with no database round trip once caches are warm."""
+
+    def __init__(self, pool: asyncpg.Pool, jwt_secret: str, caches: Caches) -> None:
+        self._pool = pool
+        self._jwt_secret = jwt_secret
+        self.roles: InvalidatedCache[tuple[uuid.UUID, uuid.UUID], Role | None] = InvalidatedCache(
+            "memberships"
+        )
+        self.keys: InvalidatedCache[str, api_keys_db.ActiveKey | None] = InvalidatedCache(
+            "api_keys"
+        )
+        # key id -> last use (epoch seconds); written to the database in batches.
+        self.key_usage: dict[uuid.UUID, float] = {}
+        caches.register(self.roles, {"memberships": self._drop_membership})
+        caches.register(self.keys, {"api_keys": self.keys.drop})
+
+    def _drop_membership(self, key: str) -> None:
+        workspace_id, _, user_id = key.partition(":")
+        self.roles.drop((uuid.UUID(workspace_id), uuid.UUID(user_id)))
+
+    def forget_membership(self, workspace_id: uuid.UUID, user_id: uuid.UUID) -> None:
+        """Drop at once in this process; other processes hear it through NOTIFY."""
+        self.roles.drop((workspace_id, user_id))
+
+    def forget_workspace(self, workspace_id: uuid.UUID) -> None:
+        self.roles.drop_where(lambda key: key[0] == workspace_id)
+        self.keys.clear()
+
+    async def role(self, workspace_id: uuid.UUID, user_id: uuid.UUID) -> Role | None:
+        async def load() -> Role | None:
+            raw = await memberships_db.role_of(self._pool, workspace_id, user_id)
+            return None if raw is None else Role(raw)
+
+        return await self.roles.get((workspace_id, user_id), load)
+
+    async def api_key(self, raw_key: str) -> api_keys_db.ActiveKey | None:
+        key_hash = hash_token(raw_key)
+        return await self.keys.get(key_hash, lambda: api_keys_db.find_active(self._pool, key_hash))
+
+    async def authenticate(self, request: web.Request, access: Access) -> Principal:
+        authorization = request.headers.get("Authorization")
+        if authorization is not None:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthorized("Authorization header must be 'Bearer <access token>'")
+            return await self._user_principal(request, token.strip(), access)
+        raw_key = request.headers.get("X-API-Key")
+        if raw_key is not None:
+            return await self._key_principal(raw_key.strip(), access)
+        raise Unauthorized(
+            "authentication required: send 'Authorization: Bearer <token>' or 'X-API-Key'"
+        )
+
+    async def _user_principal(self, request: web.Request, token: str, access: Access) -> Principal:
+        try:
+            claims = read_access_token(self._jwt_secret, token)
+        except InvalidToken as exc:
+            raise Unauthorized(str(exc)) from None
+        workspace_id = claims.workspace_id
+        if access.path_workspace:
+            workspace_id = path_uuid(request, "workspace_id", "workspace")
+        role = await self.role(workspace_id, claims.user_id)
+        if access.min_role is not None:
+            if role is None:
+                if access.path_workspace:
+                    raise NotFound("workspace not found")
+                raise Forbidden("you are not a member of this workspace")
+            if role.rank < access.min_role.rank:
+                raise Forbidden(f"this action requires the {access.min_role} role or higher")
+        return Principal(workspace_id=workspace_id, role=role, user_id=claims.user_id)
+
+    async def _key_principal(self, raw_key: str, access: Access) -> Principal:
+        key = await self.api_key(raw_key)
+        if key is None:
+            raise Unauthorized("invalid or revoked API key")
+        if not access.api_key:
+            raise Forbidden("API keys cannot be used on this endpoint; log in instead")
+        self.key_usage[key.id] = time.time()
+        return Principal(workspace_id=key.workspace_id, role=Role.MEMBER, api_key_id=key.id)
+
+
+def path_uuid(request: web.Request, name: str, what: str) -> uuid.UUID:
+    """A UUID path parameter; a malformed one is simply an unknown id (404)."""
+    try:
+        return uuid.UUID(request.match_info[name])
+    except (KeyError, ValueError):
+        raise NotFound(f"{what} not found") from None

@@ -1,0 +1,88 @@
+"""The mcp-gateway command: serve, migrate."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvloop
+from aiohttp import web
+
+from gateway.config import ConfigError, Settings, with_local_secrets
+from gateway.db.embedded import start_embedded
+from gateway.db.pool import create_pool
+from gateway.db.schema import apply_schema
+
+log = logging.getLogger("gateway")
+
+
+def _settings() -> Settings:
+    """Settings from the environment, with the embedded PostgreSQL when DATABASE_URL is unset."""
+    settings = with_local_secrets(Settings.from_env())
+    if settings.database_url is None:
+        settings = settings.replace(database_url=start_embedded(settings.data_dir))
+    return settings
+
+
+def serve(args: argparse.Namespace) -> None:
+    from gateway.app import create_app  # the app pulls in everything; other commands need less
+
+    settings = _settings()
+    settings = settings.replace(host=args.host or settings.host, port=args.port or settings.port)
+    log.info("mcp-gateway listening on http://%s:%d", settings.host, settings.port)
+    web.run_app(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop=uvloop.new_event_loop(),
+        access_log=None,
+        print=None,
+        # Drain in-flight requests (and the call log, via cleanup) on SIGTERM.
+        shutdown_timeout=30,
+    )
+
+
+def migrate(_args: argparse.Namespace) -> None:
+    settings = _settings()
+
+    async def run() -> int:
+        assert settings.database_url is not None
+        pool = await create_pool(settings.database_url, min_size=1, max_size=1)
+        try:
+            async with pool.acquire() as conn:
+                return await apply_schema(conn)
+        finally:
+            await pool.close()
+
+    print(f"schema is at version {uvloop.run(run())}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="mcp-gateway", description="Gateway and monitoring service for MCP servers."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser("serve", help="run the HTTP server")
+    serve_cmd.add_argument("--host", help="address to bind (default GATEWAY_HOST or 127.0.0.1)")
+    serve_cmd.add_argument("--port", type=int, help="port (default GATEWAY_PORT or 8080)")
+    serve_cmd.set_defaults(run=serve)
+    commands.add_parser("migrate", help="create or upgrade the database schema").set_defaults(
+        run=migrate
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("pgserver").setLevel(logging.WARNING)  # it logs every pg_ctl call
+    try:
+        args.run(args)
+    except ConfigError as exc:
+        print(f"mcp-gateway: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Settings read from the environment: the only place environment variables are read."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.fernet import Fernet
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    database_url: str | None = None
+    redis_url: str | None = None
+    public_url: str | None = None
+    smtp_url: str | None = None
+    data_dir: Path = field(default_factory=lambda: Path.home() / ".local/share/mcp-gateway")
+    host: str = "127.0.0.1"
+    port: int = 8080
+    jwt_secret: str = ""
+    secret_keys: tuple[str, ...] = ()
+    access_token_ttl_seconds: int = 900
+    refresh_token_ttl_days: int = 30
+    max_body_bytes: int = 4 * MiB
+    probe_interval_seconds: float = 60.0
+    probe_timeout_seconds: float = 10.0
+    degraded_latency_ms: float = 1000.0
+    alert_eval_interval_seconds: float = 60.0
+    tools_cache_seconds: float = 300.0
+    analytics_cache_seconds: float = 300.0
+    proxy_timeout_seconds: float = 60.0
+    health_retention_days: int = 90
+    invite_ttl_days: int = 7
+    # Rate limit for login and signup, per client address and per email.
+    auth_rate_limit: str = "10/minute"
+    # Background loops (prober, alert evaluator, ...); tests switch them off to drive them by hand.
+    run_workers: bool = True
+
+    @property
+    def base_url(self) -> str:
+        """Where users reach this service; used in invitation links."""
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name, (attr, parse) in _VARIABLES.items():
+            raw = env.get(name)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                values[attr] = parse(raw.strip())
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"must be greater than 0, got {value}")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"expected a number, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"must be greater than 0, got {raw}")
+    return value
+
+
+def _port(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > 65535:
+        raise ValueError(f"not a TCP port: {value}")
+    return value
+
+
+def _url(*schemes: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        scheme = raw.partition("://")[0]
+        if scheme not in schemes or "://" not in raw:
+            raise ValueError(f"expected a URL starting with {' or '.join(schemes)}://")
+        return raw
+
+    return parse
+
+
+def _secret_keys(raw: str) -> tuple[str, ...]:
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    for key in keys:
+        try:
+            Fernet(key)
+        except ValueError:
+            raise ValueError(
+                "expected comma-separated Fernet keys (32 url-safe base64-encoded bytes each)"
+            ) from None
+    return keys
+
+
+def _jwt_secret(raw: str) -> str:
+    if len(raw) < 32:
+        raise ValueError("must be at least 32 characters")
+    return raw
+
+
+def _flag(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"expected true or false, got {raw!r}")
+
+
+_VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "DATABASE_URL": ("database_url", _url("postgresql", "postgres")),
+    "REDIS_URL": ("redis_url", _url("redis", "rediss")),
+    "PUBLIC_URL": ("public_url", _url("http", "https")),
+    "SMTP_URL": ("smtp_url", _url("smtp", "smtps")),
+    "GATEWAY_DATA_DIR": ("data_dir", lambda raw: Path(raw).expanduser()),
+    "GATEWAY_HOST": ("host", str),
+    "GATEWAY_PORT": ("port", _port),
+    "GATEWAY_JWT_SECRET": ("jwt_secret", _jwt_secret),
+    "GATEWAY_SECRET_KEYS": ("secret_keys", _secret_keys),
+    "GATEWAY_ACCESS_TOKEN_TTL_SECONDS": ("access_token_ttl_seconds", _positive_int),
+    "GATEWAY_REFRESH_TOKEN_TTL_DAYS": ("refresh_token_ttl_days", _positive_int),
+    "GATEWAY_MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
+    "GATEWAY_PROBE_INTERVAL_SECONDS": ("probe_interval_seconds", _positive_float),
+    "GATEWAY_PROBE_TIMEOUT_SECONDS": ("probe_timeout_seconds", _positive_float),
+    "GATEWAY_DEGRADED_LATENCY_MS": ("degraded_latency_ms", _positive_float),
+    "GATEWAY_ALERT_EVAL_INTERVAL_SECONDS": ("alert_eval_interval_seconds", _positive_float),
+    "GATEWAY_TOOLS_CACHE_SECONDS": ("tools_cache_seconds", _positive_float),
+    "GATEWAY_ANALYTICS_CACHE_SECONDS": ("analytics_cache_seconds", _positive_float),
+    "GATEWAY_PROXY_TIMEOUT_SECONDS": ("proxy_timeout_seconds", _positive_float),
+    "GATEWAY_HEALTH_RETENTION_DAYS": ("health_retention_days", _positive_int),
+    "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
+}
+
+ENV_VARIABLES = tuple(_VARIABLES)
+
+
+def with_local_secrets(settings: Settings) -> Settings:
+    """Fill in missing secrets from (or into) a file under the data dir.
+
+    Only the embedded default does this: several processes sharing a real database must
+    share their secrets, so with DATABASE_URL both secrets have to be set explicitly.
+    """
+    if settings.jwt_secret and settings.secret_keys:
+        return settings
+    if settings.database_url is not None:
+        missing = "GATEWAY_JWT_SECRET" if not settings.jwt_secret else "GATEWAY_SECRET_KEYS"
+        raise ConfigError(f"{missing}: must be set when DATABASE_URL is set")
+    path = settings.data_dir / "secrets.json"
+    stored: dict[str, Any] = {}
+    if path.exists():
+        stored = json.loads(path.read_text())
+    else:
+        stored = {
+            "jwt_secret": secrets.token_urlsafe(48),
+            "secret_keys": [Fernet.generate_key().decode()],
+        }
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(stored))
+    log.warning(
+        "using secrets generated in %s; production deployments must set "
+        "GATEWAY_JWT_SECRET and GATEWAY_SECRET_KEYS",
+        path,
+    )
+    return settings.replace(
+        jwt_secret=settings.jwt_secret or stored["jwt_secret"],
+        secret_keys=settings.secret_keys or tuple(stored["secret_keys"]),
+    )

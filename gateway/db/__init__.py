@@ -1,0 +1,1 @@
+"""PostgreSQL access: the pool, the embedded server, the schema, and one SQL module per resource."""

@@ -1,0 +1,92 @@
+"""SQL for workspace invitations."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from gateway.db.types import Executor
+
+_COLUMNS = "i.id, i.email, i.role, i.status, i.invited_by, i.created_at, i.expires_at"
+
+_INSERT = """
+INSERT INTO invites (workspace_id, email, role, token, invited_by, expires_at)
+VALUES ($1, $2, $3, $4, $5, now() + make_interval(days => $6))
+RETURNING id, email, role, status, invited_by, created_at, expires_at
+"""
+
+_LIST_PENDING = f"""
+SELECT {_COLUMNS} FROM invites i
+WHERE i.workspace_id = $1 AND i.status = 'pending' AND i.expires_at > now()
+ORDER BY i.created_at DESC
+"""
+
+_REVOKE = """
+UPDATE invites SET status = 'revoked'
+WHERE id = $1 AND workspace_id = $2 AND status = 'pending' RETURNING id
+"""
+
+_REVOKE_PENDING_FOR_EMAIL = """
+UPDATE invites SET status = 'revoked'
+WHERE workspace_id = $1 AND email = $2 AND status = 'pending'
+"""
+
+_PENDING_FOR_EMAIL = """
+SELECT i.id, i.token, i.workspace_id, w.name AS workspace_name, i.role, i.invited_by,
+       i.created_at, i.expires_at
+FROM invites i JOIN workspaces w ON w.id = i.workspace_id
+WHERE i.email = $1 AND i.status = 'pending' AND i.expires_at > now()
+ORDER BY i.created_at DESC
+"""
+
+# Claiming is one atomic statement, so a token is accepted at most once.
+_ACCEPT = """
+UPDATE invites SET status = 'accepted', accepted_at = now()
+WHERE token = $1 AND status = 'pending' AND expires_at > now()
+RETURNING id, workspace_id, email, role
+"""
+
+_PENDING_BY_TOKEN = """
+SELECT id, workspace_id, email, role FROM invites
+WHERE token = $1 AND status = 'pending' AND expires_at > now()
+"""
+
+
+async def insert(
+    db: Executor,
+    workspace_id: uuid.UUID,
+    email: str,
+    role: str,
+    token: str,
+    invited_by: uuid.UUID,
+    ttl_days: int,
+) -> dict[str, Any]:
+    row = await db.fetchrow(_INSERT, workspace_id, email, role, token, invited_by, ttl_days)
+    assert row is not None
+    return dict(row)
+
+
+async def list_pending(db: Executor, workspace_id: uuid.UUID) -> list[dict[str, Any]]:
+    return [dict(r) for r in await db.fetch(_LIST_PENDING, workspace_id)]
+
+
+async def revoke(db: Executor, workspace_id: uuid.UUID, invite_id: uuid.UUID) -> bool:
+    return await db.fetchval(_REVOKE, invite_id, workspace_id) is not None
+
+
+async def revoke_pending_for_email(db: Executor, workspace_id: uuid.UUID, email: str) -> None:
+    await db.execute(_REVOKE_PENDING_FOR_EMAIL, workspace_id, email)
+
+
+async def pending_for_email(db: Executor, email: str) -> list[dict[str, Any]]:
+    return [dict(r) for r in await db.fetch(_PENDING_FOR_EMAIL, email)]
+
+
+async def pending_by_token(db: Executor, token: str) -> dict[str, Any] | None:
+    row = await db.fetchrow(_PENDING_BY_TOKEN, token)
+    return None if row is None else dict(row)
+
+
+async def accept(db: Executor, token: str) -> dict[str, Any] | None:
+    row = await db.fetchrow(_ACCEPT, token)
+    return None if row is None else dict(row)

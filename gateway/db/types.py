@@ -1,0 +1,13 @@
+"""Typing helpers shared by the SQL modules."""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+# A connection, whether made directly or acquired from the pool.
+Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
+# Single statements run on either the pool or a connection inside a transaction.
+Executor: TypeAlias = asyncpg.Pool | Connection

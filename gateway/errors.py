@@ -1,0 +1,125 @@
+"""API errors and the one middleware that renders every failure as {"detail": ...}."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import orjson
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    status = 500
+
+    def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers or {}
+
+
+class BadRequest(ApiError):
+    status = 400
+
+
+class Unauthorized(ApiError):
+    status = 401
+
+
+class Forbidden(ApiError):
+    status = 403
+
+
+class NotFound(ApiError):
+    status = 404
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+
+
+class ValidationFailed(ApiError):
+    status = 422
+
+
+class TooManyRequests(ApiError):
+    status = 429
+
+    def __init__(self, detail: str, retry_after: int) -> None:
+        super().__init__(detail, headers={"Retry-After": str(retry_after)})
+
+
+class BadGateway(ApiError):
+    status = 502
+
+
+class ServiceUnavailable(ApiError):
+    status = 503
+
+
+class GatewayTimeout(ApiError):
+    status = 504
+
+
+# Unique constraints a client can trip; their names come from schema.sql.
+_DUPLICATES = {
+    "users_email_key": "a user with this email already exists",
+    "workspaces_slug_key": "a workspace with this slug already exists",
+    "servers_workspace_id_name_key": "a server with this name already exists in this workspace",
+}
+
+# aiohttp's own reasons are terse; these read better in {"detail": ...}.
+_HTTP_DETAILS = {
+    404: "not found",
+    405: "method not allowed",
+    413: "request body too large",
+}
+
+
+def json_error(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=orjson.dumps({"detail": detail}),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+# What asyncpg raises while PostgreSQL restarts or is unreachable.
+_DATABASE_DOWN = (
+    ConnectionError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return json_error(exc.status, exc.detail, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        return json_error(exc.status, _HTTP_DETAILS.get(exc.status, exc.reason.lower()), headers)
+    except asyncpg.UniqueViolationError as exc:
+        detail = _DUPLICATES.get(exc.constraint_name or "")
+        if detail is None:
+            log.exception("unexpected unique violation on %s %s", request.method, request.path)
+            return json_error(500, "internal server error")
+        return json_error(400, detail)
+    except _DATABASE_DOWN as exc:
+        # The database is briefly unreachable (restart, failover): tell clients to retry.
+        log.warning("database unavailable on %s %s: %s", request.method, request.path, exc)
+        return json_error(503, "database unavailable, retry shortly", {"Retry-After": "1"})
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_error(500, "internal server error")

@@ -1,0 +1,31 @@
+"""Every web.AppKey of the application, so shared state is typed and found in one place."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import asyncpg
+from aiohttp import web
+
+from gateway.config import Settings
+
+if TYPE_CHECKING:
+    from gateway.api.routing import Endpoint
+    from gateway.auth import Authenticator
+    from gateway.caches import Caches
+    from gateway.mailer import Mailer
+    from gateway.ratelimit import AuthRateLimiter
+    from gateway.security.secretbox import SecretBox
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", asyncpg.Pool)
+# The one client session for every upstream request (proxy, probes, playground, webhooks).
+HTTP = web.AppKey("http", aiohttp.ClientSession)
+CACHES: web.AppKey[Caches] = web.AppKey("caches")
+AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
+RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("auth_rate_limiter")
+SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
+MAILER: web.AppKey[Mailer] = web.AppKey("mailer")
+ENDPOINTS: web.AppKey[list[Endpoint]] = web.AppKey("endpoints")
+OPENAPI_DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi_document")

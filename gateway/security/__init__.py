@@ -1,0 +1,1 @@
+"""Passwords, tokens, API keys and encryption of stored secrets."""

@@ -1,0 +1,1 @@
+"""Background loops that run in the server's event loop."""
