@@ -1,0 +1,143 @@
+"""Fixtures: a real PostgreSQL, a fresh database per test, the app, and an API client.
+
+PostgreSQL is TEST_DATABASE_URL when set (a role allowed to CREATE DATABASE), else an embedded
+server from pgserver under pytest's temp dir. The schema is applied once to a template
+database; each test gets its own copy (CREATE DATABASE ... TEMPLATE), so tests are isolated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from cryptography.fernet import Fernet
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.db.schema import apply_schema
+from tests.contract import ContractChecker
+from tests.support import Api
+
+TEST_FERNET_KEY = Fernet.generate_key().decode()
+
+
+def run_sync(coro: Awaitable[Any]) -> Any:
+    """Run a coroutine on its own loop in a thread, away from the tests' event loops."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()  # type: ignore[arg-type]
+
+
+def with_database(dsn: str, name: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="delete")
+    yield server.get_uri()
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_dsn: str) -> Iterator[str]:
+    name = f"gw_tpl_{secrets.token_hex(4)}"
+
+    async def create() -> None:
+        admin = await asyncpg.connect(pg_admin_dsn)
+        await admin.execute(f"CREATE DATABASE {name}")
+        await admin.close()
+        conn = await asyncpg.connect(with_database(pg_admin_dsn, name))
+        await apply_schema(conn)
+        await conn.close()
+
+    async def drop() -> None:
+        admin = await asyncpg.connect(pg_admin_dsn)
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+    run_sync(create())
+    yield name
+    run_sync(drop())
+
+
+@pytest.fixture
+async def database_url(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh database with the schema, dropped after the test."""
+    name = f"gw_t_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(pg_admin_dsn)
+    try:
+        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+        yield with_database(pg_admin_dsn, name)
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return Settings(
+        database_url=database_url,
+        data_dir=tmp_path,
+        public_url="http://gateway.test",
+        jwt_secret="test-secret-" + "x" * 40,
+        secret_keys=(TEST_FERNET_KEY,),
+        auth_rate_limit="10000/minute",
+        run_workers=False,
+    )
+
+
+AppFactory = Callable[..., Awaitable[Api]]
+
+
+@pytest.fixture
+async def make_api(
+    aiohttp_client: Callable[..., Awaitable[TestClient[web.Request, web.Application]]],
+    settings: Settings,
+) -> AsyncIterator[AppFactory]:
+    """Start an app (optionally with changed settings) and return an Api client for it.
+
+    Every response is checked against the OpenAPI document; violations fail the test.
+    """
+    checkers: list[ContractChecker] = []
+
+    async def make(**changes: Any) -> Api:
+        app = create_app(settings.replace(**changes) if changes else settings)
+        checker = ContractChecker(app)
+        checkers.append(checker)
+        app.middlewares.insert(0, checker.middleware)  # outermost: sees rendered errors
+        client = await aiohttp_client(app)
+        return Api(client)
+
+    yield make
+    for checker in checkers:
+        checker.assert_clean()
+
+
+@pytest.fixture
+async def api(make_api: AppFactory) -> Api:
+    return await make_api()
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A direct connection to the test's database, for arranging and checking rows."""
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()
