@@ -39,9 +39,11 @@ class ContractChecker:
             if response.content_type != "application/json":
                 return
             body = orjson.loads(response.body)  # type: ignore[arg-type]
-        if response.status >= 400:
-            if not (isinstance(body, dict) and set(body) == {"detail"} and isinstance(body["detail"], str)):
-                self.violations.append(f"{where}: error body is not {{'detail': str}}: {body!r}")
+        is_error_shape = (
+            isinstance(body, dict) and set(body) == {"detail"} and isinstance(body["detail"], str)
+        )
+        if response.status >= 400 and not is_error_shape:
+            self.violations.append(f"{where}: error body is not {{'detail': str}}: {body!r}")
         resource = request.match_info.route.resource
         canonical = resource.canonical if resource is not None else None
         document = self.app[OPENAPI_DOCUMENT]

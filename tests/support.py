@@ -41,7 +41,10 @@ class Account:
     def scoped(self, tokens: dict[str, Any]) -> Account:
         """The same user with tokens from a TokenResponse."""
         return Account(
-            self.user_id, self.email, tokens["workspace"]["id"], tokens["access_token"],
+            self.user_id,
+            self.email,
+            tokens["workspace"]["id"],
+            tokens["access_token"],
             tokens["refresh_token"],
         )
 
@@ -55,9 +58,16 @@ class Api:
         self.app = client.app
 
     async def request(
-        self, method: str, path: str, *, json: Any = None, data: bytes | str | None = None,
-        auth: Credential = None, headers: dict[str, str] | None = None,
-        params: dict[str, Any] | None = None, expect: int | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: bytes | str | None = None,
+        auth: Credential = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        expect: int | None = None,
     ) -> Reply:
         all_headers = dict(headers or {})
         if isinstance(auth, Account):
@@ -94,7 +104,11 @@ class Api:
     # -- arrangements -------------------------------------------------------------------------
 
     async def signup(
-        self, email: str | None = None, *, name: str = "Test User", password: str = "password123",
+        self,
+        email: str | None = None,
+        *,
+        name: str = "Test User",
+        password: str = "password123",
         invite_token: str | None = None,
     ) -> Account:
         email = email or f"user{next(_counter)}@example.com"
@@ -104,23 +118,30 @@ class Api:
         reply = await self.post("/auth/signup", json=body, expect=201)
         tokens = reply.body
         return Account(
-            tokens["user"]["id"], tokens["user"]["email"], tokens["workspace"]["id"],
-            tokens["access_token"], tokens["refresh_token"],
+            tokens["user"]["id"],
+            tokens["user"]["email"],
+            tokens["workspace"]["id"],
+            tokens["access_token"],
+            tokens["refresh_token"],
         )
 
     async def org(self, owner: Account, name: str = "Acme") -> Account:
         """Create an org workspace; returns the owner with tokens scoped to it."""
         created = await self.post("/workspaces", json={"name": name}, auth=owner, expect=201)
         switched = await self.post(
-            "/auth/switch-workspace", json={"workspace_id": created.body["id"]}, auth=owner,
+            "/auth/switch-workspace",
+            json={"workspace_id": created.body["id"]},
+            auth=owner,
             expect=200,
         )
         return owner.scoped(switched.body)
 
     async def invite(self, admin: Account, email: str, role: str = "member") -> dict[str, Any]:
         reply = await self.post(
-            f"/workspaces/{admin.workspace_id}/members/invite", json={"email": email, "role": role},
-            auth=admin, expect=201,
+            f"/workspaces/{admin.workspace_id}/members/invite",
+            json={"email": email, "role": role},
+            auth=admin,
+            expect=201,
         )
         invite: dict[str, Any] = reply.body
         return invite
@@ -135,13 +156,17 @@ class Api:
         if role == "owner":
             await self.patch(
                 f"/workspaces/{admin.workspace_id}/members/{account.user_id}",
-                json={"role": "owner"}, auth=admin, expect=200,
+                json={"role": "owner"},
+                auth=admin,
+                expect=200,
             )
         return account
 
     async def api_key(self, admin: Account, name: str = "key") -> str:
         reply = await self.post(
-            f"/workspaces/{admin.workspace_id}/api-keys", json={"name": name}, auth=admin,
+            f"/workspaces/{admin.workspace_id}/api-keys",
+            json={"name": name},
+            auth=admin,
             expect=201,
         )
         key: str = reply.body["key"]

@@ -26,7 +26,13 @@ class Query(BaseModel):
 
 
 class Out(BaseModel):
-    """A response shape; used for the OpenAPI document (handlers return plain data)."""
+    """A response shape for the OpenAPI document (handlers return plain data).
+
+    extra="forbid" makes the documented schema closed, so the contract tests catch a field
+    that a handler returns but the document does not list.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
 
 Email = Annotated[EmailStr, BeforeValidator(_normalise_email)]

@@ -1,0 +1,666 @@
+"""The gateway's own MCP client: streamable HTTP (2026-07-28 or handshake) on a shared session."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import errno
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping
+from http import HTTPStatus
+from types import TracebackType
+from typing import Any, Final, Literal, Self
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+from multidict import CIMultiDict
+
+from gateway.mcp.sse import SseError, SseParser
+
+log = logging.getLogger(__name__)
+
+MODERN_PROTOCOL_VERSION: Final = "2026-07-28"
+HANDSHAKE_PROTOCOL_VERSION: Final = "2025-11-25"
+HANDSHAKE_PROTOCOL_VERSIONS: Final = frozenset(
+    {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"}
+)
+CLIENT_INFO: Final[Mapping[str, str]] = {"name": "mcp-gateway", "version": "0.1.0"}
+
+# JSON-RPC codes this client reacts to (2026-07-28 additions).
+HEADER_MISMATCH: Final = -32020
+UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
+
+_META_PROTOCOL_VERSION: Final = "io.modelcontextprotocol/protocolVersion"
+_META_CLIENT_INFO: Final = "io.modelcontextprotocol/clientInfo"
+_META_CLIENT_CAPABILITIES: Final = "io.modelcontextprotocol/clientCapabilities"
+_NAME_BEARING: Final[Mapping[str, str]] = {
+    "tools/call": "name",
+    "prompts/get": "name",
+    "resources/read": "uri",
+}
+# Headers this client owns; a caller's copy would contradict the negotiated state.
+_MANAGED_HEADERS: Final = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "content-type",
+        "content-length",
+        "host",
+        "last-event-id",
+        "mcp-method",
+        "mcp-name",
+        "mcp-protocol-version",
+        "mcp-session-id",
+    }
+)
+_POST_ACCEPT: Final = "application/json, text/event-stream"
+_MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
+_MAX_ERROR_BODY_BYTES: Final = 64 * 1024
+_MAX_PAGES: Final = 100
+_MAX_IDLE_RESUMES: Final = 2
+_DEFAULT_RETRY_MS: Final = 1000
+_MAX_RETRY_MS: Final = 5000
+_CLOSE_TIMEOUT: Final = 3.0
+_LEGACY_PROBE_TIMEOUT: Final = 5.0
+_LEGACY_PROBE_BYTES: Final = 64 * 1024
+_HEADER_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_SAFE: Final = re.compile(r"[\x20-\x7e]*")
+_B64_SENTINEL: Final = re.compile(r"=\?base64\?.*\?=")
+
+ConnectMode = Literal["auto", "legacy"]
+
+
+class McpError(Exception):
+    """Base of every failure talking to an upstream; `str()` is written for a person."""
+
+
+class McpConnectionError(McpError):
+    """The upstream could not be reached or dropped the connection."""
+
+
+class McpTimeoutError(McpError):
+    """The upstream did not answer in time."""
+
+
+class McpHttpError(McpError):
+    """The upstream answered with a non-2xx HTTP status outside JSON-RPC."""
+
+    def __init__(self, status: int, reason: str | None, detail: str | None = None) -> None:
+        self.status = status
+        self.reason = reason or _reason(status)
+        self.detail = detail
+        text = f"HTTP {status} {self.reason}".rstrip()
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+class McpRpcError(McpError):
+    """The upstream answered the request with a JSON-RPC error object."""
+
+    def __init__(self, code: int, message: str, data: Any = None, http_status: int = 200) -> None:
+        self.code = code
+        self.message = message
+        self.data = data
+        self.http_status = http_status
+        super().__init__(f"JSON-RPC error {code}: {message}")
+
+
+class McpResponseError(McpError):
+    """The upstream's answer is not a valid MCP response."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"invalid response: {problem}")
+
+
+class UnsupportedTransport(McpError):
+    """The upstream speaks the legacy HTTP+SSE transport (2024-11-05), which cannot be proxied."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "unsupported transport: the server speaks the legacy HTTP+SSE transport (2024-11-05); "
+            "the gateway needs a streamable HTTP endpoint"
+        )
+
+
+class _SessionExpiredError(Exception):
+    """The upstream forgot our session (404 to a request that carried Mcp-Session-Id)."""
+
+
+class McpClient:
+    """One logical MCP connection to an upstream; use as `async with McpClient(...) as client`.
+
+    `headers` carry the upstream's credentials and are sent on every request, never logged.
+    `timeout` bounds each HTTP exchange (request plus the whole response or SSE stream).
+    `mode="auto"` tries 2026-07-28 `server/discover` first and falls back to the
+    `initialize` handshake; `mode="legacy"` goes straight to the handshake.
+    Not meant for concurrent use by several tasks.
+    """
+
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        url: str,
+        headers: Mapping[str, str],
+        timeout: float,
+        *,
+        mode: ConnectMode = "auto",
+    ) -> None:
+        self._http = http
+        self._url = url
+        self._headers: CIMultiDict[str] = CIMultiDict(
+            (name, value) for name, value in headers.items() if name.lower() not in _MANAGED_HEADERS
+        )
+        self._timeout = timeout
+        self._mode = mode
+        self._next_id = 0
+        self._modern = False
+        self._protocol_version: str | None = None
+        self._session_id: str | None = None
+        self._server_info: dict[str, Any] | None = None
+        self._capabilities: dict[str, Any] | None = None
+        self._param_headers: dict[str, dict[tuple[str, ...], str]] = {}
+        parts = urlsplit(url)
+        # Log and report the host only: a URL's query string may carry a token.
+        self._where = parts.netloc.rpartition("@")[2] or "the upstream"
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.connect()
+        except BaseException:
+            # A handshake that failed after initialize still left a session upstream.
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def protocol_version(self) -> str | None:
+        """The negotiated protocol version, once connected."""
+        return self._protocol_version
+
+    @property
+    def session_id(self) -> str | None:
+        """The upstream's `Mcp-Session-Id`, when the handshake issued one."""
+        return self._session_id
+
+    @property
+    def server_info(self) -> dict[str, Any] | None:
+        """The upstream's self-reported implementation (name, version), when it sent one."""
+        return self._server_info
+
+    @property
+    def capabilities(self) -> dict[str, Any] | None:
+        """The upstream's advertised capabilities."""
+        return self._capabilities
+
+    async def connect(self) -> None:
+        """Pick the era: `server/discover` first (unless legacy mode), else the handshake."""
+        if self._mode == "auto" and await self._discover():
+            return
+        await self._handshake()
+
+    async def close(self) -> None:
+        """End the upstream session, if one was issued; failures only get a debug line."""
+        session_id, self._session_id = self._session_id, None
+        if session_id is None:
+            return
+        headers = self._base_headers()
+        headers["Mcp-Session-Id"] = session_id
+        if self._protocol_version is not None:
+            headers["MCP-Protocol-Version"] = self._protocol_version
+        try:
+            async with (
+                asyncio.timeout(min(self._timeout, _CLOSE_TIMEOUT)),
+                self._http.delete(self._url, headers=headers) as resp,
+            ):
+                log.debug(
+                    "MCP session closed", extra={"upstream": self._where, "status": resp.status}
+                )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.debug(
+                "MCP session DELETE failed: %s", type(exc).__name__, extra={"upstream": self._where}
+            )
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """Every tool of the upstream, following `nextCursor` to the last page."""
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        for _ in range(_MAX_PAGES):
+            result = await self._request("tools/list", {"cursor": cursor} if cursor else {})
+            page = result.get("tools")
+            if not isinstance(page, list) or not all(isinstance(tool, dict) for tool in page):
+                raise McpResponseError("tools/list result has no list of tool objects")
+            tools.extend(page)
+            next_cursor = result.get("nextCursor")
+            if not next_cursor:
+                break
+            if not isinstance(next_cursor, str) or next_cursor in seen:
+                raise McpResponseError(
+                    f"tools/list returned a bad or repeated cursor {next_cursor!r}"
+                )
+            seen.add(next_cursor)
+            cursor = next_cursor
+        else:
+            raise McpResponseError(f"tools/list did not finish within {_MAX_PAGES} pages")
+        self._param_headers = {
+            tool["name"]: _param_header_map(tool.get("inputSchema"))
+            for tool in tools
+            if isinstance(tool.get("name"), str)
+        }
+        return tools
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Call a tool and return the raw JSON-RPC `result` (check its `isError` yourself)."""
+        params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        try:
+            return await self._request("tools/call", params)
+        except McpRpcError as exc:
+            if not (self._modern and exc.code == HEADER_MISMATCH):
+                raise
+        # 2026-07-28 servers demand Mcp-Param-* headers declared in the tool's schema,
+        # which we only know after listing; list once and retry, as the SDK client does.
+        await self.list_tools()
+        return await self._request("tools/call", params)
+
+    async def _discover(self) -> bool:
+        """Try the 2026-07-28 era; False means the upstream refused and wants the handshake."""
+        self._modern, self._protocol_version = True, MODERN_PROTOCOL_VERSION
+        try:
+            result, _ = await self._exchange("server/discover", {})
+        except McpRpcError as exc:
+            if exc.code == UNSUPPORTED_PROTOCOL_VERSION and not _offers_handshake(exc.data):
+                raise
+            refusal = str(exc)
+        except McpHttpError as exc:
+            if exc.status in (401, 403, 407):
+                raise  # credentials, not an era verdict: the handshake would fail the same way
+            refusal = str(exc)
+        except McpResponseError as exc:
+            refusal = str(exc)
+        else:
+            versions = result.get("supportedVersions")
+            if isinstance(versions, list) and MODERN_PROTOCOL_VERSION in versions:
+                capabilities = result.get("capabilities")
+                self._capabilities = capabilities if isinstance(capabilities, dict) else {}
+                meta = result.get("_meta")
+                info = (
+                    meta.get("io.modelcontextprotocol/serverInfo")
+                    if isinstance(meta, dict)
+                    else None
+                )
+                self._server_info = info if isinstance(info, dict) else None
+                return True
+            refusal = f"server/discover offers only {versions!r}"
+        log.debug(
+            "server/discover refused (%s), doing the handshake",
+            refusal,
+            extra={"upstream": self._where},
+        )
+        self._modern, self._protocol_version = False, None
+        return False
+
+    async def _handshake(self) -> None:
+        self._modern, self._protocol_version, self._session_id = False, None, None
+        params = {
+            "protocolVersion": HANDSHAKE_PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": dict(CLIENT_INFO),
+        }
+        try:
+            result, session_id = await self._exchange("initialize", params)
+        except McpHttpError as exc:
+            if exc.status in (400, 404, 405) and await self._is_legacy_sse():
+                raise UnsupportedTransport() from exc
+            raise
+        version = result.get("protocolVersion")
+        if not isinstance(version, str) or not version:
+            raise McpResponseError("initialize result has no protocolVersion")
+        self._protocol_version, self._session_id = version, session_id
+        capabilities, info = result.get("capabilities"), result.get("serverInfo")
+        self._capabilities = capabilities if isinstance(capabilities, dict) else {}
+        self._server_info = info if isinstance(info, dict) else None
+        await self._notify("notifications/initialized")
+
+    async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One request after connecting; a single fresh handshake if the session expired."""
+        try:
+            result, _ = await self._exchange(method, params)
+            return result
+        except _SessionExpiredError:
+            log.info("MCP session expired, handshaking again", extra={"upstream": self._where})
+        await self._handshake()
+        try:
+            result, _ = await self._exchange(method, params)
+        except _SessionExpiredError:
+            raise McpHttpError(
+                404, "Not Found", "session expired again right after a new handshake"
+            ) from None
+        return result
+
+    async def _exchange(
+        self, method: str, params: dict[str, Any]
+    ) -> tuple[dict[str, Any], str | None]:
+        """POST one request; return its result and the `Mcp-Session-Id` of the response."""
+        self._next_id += 1
+        request_id = self._next_id
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if self._modern:
+            params = {**params, "_meta": {**params.get("_meta", {}), **self._envelope()}}
+        if params:
+            message["params"] = params
+        headers = self._post_headers(method, params)
+        body = orjson.dumps(message)
+        async with self._guard(), self._http.post(self._url, data=body, headers=headers) as resp:
+            if resp.status == 404 and self._session_id is not None:
+                raise _SessionExpiredError()
+            if not 200 <= resp.status < 300:
+                raise await self._status_error(resp, request_id)
+            if resp.content_type == "text/event-stream":
+                reply = await self._read_sse(resp, request_id)
+            elif resp.content_type == "application/json" or resp.content_type.endswith("+json"):
+                reply = _decode(await _read_capped(resp, _MAX_MESSAGE_BYTES), "response body")
+            else:
+                raise McpResponseError(
+                    f"unexpected Content-Type {resp.content_type!r} for {method}"
+                )
+            return _result_of(reply, request_id), resp.headers.get("Mcp-Session-Id")
+
+    async def _notify(self, method: str) -> None:
+        message = {"jsonrpc": "2.0", "method": method}
+        headers = self._post_headers(method, {})
+        async with (
+            self._guard(),
+            self._http.post(self._url, data=orjson.dumps(message), headers=headers) as resp,
+        ):
+            if not 200 <= resp.status < 300:
+                raise McpHttpError(resp.status, resp.reason, f"upstream refused {method}")
+
+    async def _read_sse(self, resp: aiohttp.ClientResponse, request_id: int) -> Any:
+        """The answer to `request_id` from an SSE stream; resumes with Last-Event-ID if cut off."""
+        parser = SseParser(_MAX_MESSAGE_BYTES)
+        reply = await _scan_sse(resp, parser, request_id)
+        last_id, retry_ms, idle = parser.last_event_id, parser.retry_ms, 0
+        # 2025-11-25 servers may end a POST's stream early (polling) and expect a GET to resume it.
+        while reply is None:
+            if last_id is None or self._session_id is None or idle >= _MAX_IDLE_RESUMES:
+                raise McpResponseError("the SSE stream ended before the response arrived")
+            await asyncio.sleep(min(retry_ms or _DEFAULT_RETRY_MS, _MAX_RETRY_MS) / 1000)
+            headers = self._base_headers()
+            headers.update({"Accept": "text/event-stream", "Last-Event-ID": last_id})
+            headers["Mcp-Session-Id"] = self._session_id
+            if self._protocol_version is not None:
+                headers["MCP-Protocol-Version"] = self._protocol_version
+            async with self._http.get(self._url, headers=headers) as again:
+                if not 200 <= again.status < 300:
+                    raise McpHttpError(again.status, again.reason, "resuming the SSE stream failed")
+                if again.content_type != "text/event-stream":
+                    raise McpResponseError("resuming the SSE stream did not return an event stream")
+                parser = SseParser(_MAX_MESSAGE_BYTES)
+                reply = await _scan_sse(again, parser, request_id)
+            idle = 0 if parser.last_event_id not in (None, last_id) else idle + 1
+            last_id = parser.last_event_id or last_id
+            retry_ms = parser.retry_ms or retry_ms
+        return reply
+
+    async def _status_error(self, resp: aiohttp.ClientResponse, request_id: int) -> McpError:
+        body = await _read_capped(resp, _MAX_ERROR_BODY_BYTES, truncate=True)
+        try:
+            decoded = orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            decoded = None
+        if not isinstance(decoded, dict):
+            return McpHttpError(resp.status, resp.reason)
+        error = decoded.get("error")
+        if isinstance(error, dict) and isinstance(error.get("code"), int):
+            message = str(error.get("message", ""))
+            # 2026-07-28 maps JSON-RPC error codes onto HTTP statuses: the error is the answer.
+            if self._modern and decoded.get("id") in (request_id, None):
+                return McpRpcError(error["code"], message, error.get("data"), resp.status)
+            return McpHttpError(resp.status, resp.reason, message or None)
+        text = next(
+            (decoded[k] for k in ("detail", "error", "message") if isinstance(decoded.get(k), str)),
+            "",
+        )
+        return McpHttpError(resp.status, resp.reason, text[:200] or None)
+
+    async def _is_legacy_sse(self) -> bool:
+        """Whether a GET yields the `endpoint` event of the 2024-11-05 HTTP+SSE transport."""
+        headers = self._base_headers()
+        headers["Accept"] = "text/event-stream"
+        parser = SseParser(_LEGACY_PROBE_BYTES)
+        try:
+            async with (
+                asyncio.timeout(min(self._timeout, _LEGACY_PROBE_TIMEOUT)),
+                self._http.get(self._url, headers=headers) as resp,
+            ):
+                if resp.status != 200 or resp.content_type != "text/event-stream":
+                    return False
+                received = 0
+                async for chunk in resp.content.iter_any():
+                    events = parser.feed(chunk)
+                    if events:
+                        return events[0].event == "endpoint"
+                    received += len(chunk)
+                    if received > _LEGACY_PROBE_BYTES:
+                        return False
+        except (TimeoutError, aiohttp.ClientError, SseError):
+            return False
+        return False
+
+    @contextlib.asynccontextmanager
+    async def _guard(self) -> AsyncIterator[None]:
+        """Bound one exchange by the timeout and turn transport failures into `McpError`s."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                yield
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise McpTimeoutError(f"connecting to {self._where} timed out") from exc
+        except aiohttp.SocketTimeoutError as exc:
+            raise McpTimeoutError(f"reading from {self._where} timed out") from exc
+        except TimeoutError as exc:
+            raise McpTimeoutError(f"timed out after {self._timeout:g} s") from exc
+        except aiohttp.ClientError as exc:
+            raise _connection_error(exc, self._where) from exc
+        except SseError as exc:
+            raise McpResponseError(str(exc)) from exc
+
+    def _envelope(self) -> dict[str, Any]:
+        return {
+            _META_PROTOCOL_VERSION: self._protocol_version,
+            _META_CLIENT_INFO: dict(CLIENT_INFO),
+            _META_CLIENT_CAPABILITIES: {},
+        }
+
+    def _base_headers(self) -> CIMultiDict[str]:
+        headers = self._headers.copy()
+        # The shared session may not decompress (the proxy streams bytes through untouched).
+        headers["Accept-Encoding"] = "identity"
+        return headers
+
+    def _post_headers(self, method: str, params: Mapping[str, Any]) -> CIMultiDict[str]:
+        headers = self._base_headers()
+        headers["Accept"] = _POST_ACCEPT
+        headers["Content-Type"] = "application/json"
+        if self._protocol_version is not None and method != "initialize":
+            headers["MCP-Protocol-Version"] = self._protocol_version
+        if self._session_id is not None:
+            headers["Mcp-Session-Id"] = self._session_id
+        if self._modern:
+            headers["Mcp-Method"] = method
+            name_key = _NAME_BEARING.get(method)
+            name = params.get(name_key) if name_key else None
+            if isinstance(name, str):
+                headers["Mcp-Name"] = _header_value(name)
+            arguments = params.get("arguments")
+            if method == "tools/call" and isinstance(name, str) and isinstance(arguments, Mapping):
+                headers.update(_param_headers(self._param_headers.get(name, {}), arguments))
+        return headers
+
+
+async def _scan_sse(resp: aiohttp.ClientResponse, parser: SseParser, request_id: int) -> Any:
+    """Read events until the one answering `request_id`; None if the stream ends first."""
+    async for chunk in resp.content.iter_any():
+        for event in parser.feed(chunk):
+            # Empty priming events and non-message events carry nothing for us.
+            if event.event != "message" or not event.data.strip():
+                continue
+            message = _decode(event.data.encode(), "SSE event")
+            # Progress and log notifications, and server-to-client requests, are skipped.
+            if (
+                isinstance(message, dict)
+                and message.get("id") == request_id
+                and ("result" in message or "error" in message)
+            ):
+                return message
+    return None
+
+
+async def _read_capped(
+    resp: aiohttp.ClientResponse, limit: int, *, truncate: bool = False
+) -> bytes:
+    if not truncate and resp.content_length is not None and resp.content_length > limit:
+        raise McpResponseError(f"body of {resp.content_length} bytes exceeds {limit}")
+    body = bytearray()
+    async for chunk in resp.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            if truncate:
+                return bytes(body[:limit])
+            raise McpResponseError(f"body exceeds {limit} bytes")
+    return bytes(body)
+
+
+def _decode(raw: bytes, what: str) -> Any:
+    if not raw.strip():
+        raise McpResponseError(f"empty {what}")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise McpResponseError(f"{what} is not JSON") from None
+
+
+def _result_of(reply: Any, request_id: int) -> dict[str, Any]:
+    if not isinstance(reply, dict):
+        raise McpResponseError("expected a JSON-RPC response object")
+    error = reply.get("error")
+    if isinstance(error, dict):
+        code = error.get("code")
+        if not isinstance(code, int):
+            raise McpResponseError("JSON-RPC error without an integer code")
+        raise McpRpcError(code, str(error.get("message", "")), error.get("data"))
+    if reply.get("id") != request_id:
+        raise McpResponseError(
+            f"response id {reply.get('id')!r} does not match request id {request_id}"
+        )
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        raise McpResponseError("JSON-RPC response has no result object")
+    return result
+
+
+def _offers_handshake(data: Any) -> bool:
+    """Whether a -32022 error's `supported` list (if readable) leaves the handshake open."""
+    supported = data.get("supported") if isinstance(data, dict) else None
+    if not isinstance(supported, list):
+        return True
+    return any(version in HANDSHAKE_PROTOCOL_VERSIONS for version in supported)
+
+
+def _connection_error(exc: aiohttp.ClientError, where: str) -> McpConnectionError:
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return McpConnectionError(f"DNS lookup failed for {where}")
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return McpConnectionError(f"TLS handshake with {where} failed")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if exc.os_error.errno == errno.ECONNREFUSED:
+            return McpConnectionError(f"connection refused by {where}")
+        reason = exc.os_error.strerror or type(exc.os_error).__name__
+        return McpConnectionError(f"cannot connect to {where}: {reason}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return McpConnectionError(f"{where} closed the connection without answering")
+    if isinstance(exc, aiohttp.ClientOSError) and exc.errno == errno.ECONNRESET:
+        return McpConnectionError(f"connection reset by {where}")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return McpConnectionError(f"{where} broke off the response body")
+    if isinstance(exc, aiohttp.InvalidURL):
+        return McpConnectionError("invalid upstream URL")
+    return McpConnectionError(f"connection to {where} failed: {type(exc).__name__}")
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _header_value(value: str) -> str:
+    """Encode a value for an Mcp-Name / Mcp-Param-* header the way the 2026-07-28 spec says."""
+    if (
+        _HEADER_SAFE.fullmatch(value)
+        and value == value.strip()
+        and not _B64_SENTINEL.fullmatch(value)
+    ):
+        return value
+    return f"=?base64?{base64.b64encode(value.encode()).decode('ascii')}?="
+
+
+def _param_header_map(schema: Any) -> dict[tuple[str, ...], str]:
+    """Argument paths whose values a 2026-07-28 `tools/call` mirrors into `Mcp-Param-*` headers.
+
+    Only `properties` chains are followed; a schema with any invalid annotation yields no
+    headers, since the spec tells servers not to validate those either.
+    """
+    found: dict[tuple[str, ...], str] = {}
+    seen: set[str] = set()
+    stack: list[tuple[tuple[str, ...], Any]] = [((), schema)]
+    while stack:
+        path, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        token = node.get("x-mcp-header")
+        if token is not None:
+            if (
+                not path
+                or not isinstance(token, str)
+                or not _HEADER_TOKEN.fullmatch(token)
+                or node.get("type") not in ("string", "integer", "boolean")
+                or token.lower() in seen
+            ):
+                return {}
+            seen.add(token.lower())
+            found[path] = token
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            stack.extend(((*path, key), sub) for key, sub in properties.items())
+    return found
+
+
+def _param_headers(
+    header_map: Mapping[tuple[str, ...], str], arguments: Mapping[str, Any]
+) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for path, token in header_map.items():
+        value: Any = arguments
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, bool):
+            rendered = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            rendered = str(value)
+        else:
+            continue
+        headers[f"Mcp-Param-{token}"] = _header_value(rendered)
+    return headers
