@@ -30,10 +30,12 @@ from gateway.keys import (
     RATE_LIMITER,
     SECRET_BOX,
     SETTINGS,
+    UPSTREAMS,
 )
 from gateway.mailer import Mailer
 from gateway.ratelimit import AuthRateLimiter
 from gateway.security.secretbox import SecretBox
+from gateway.upstreams import Upstreams
 from gateway.workers.api_key_usage import record_key_usage
 from gateway.workers.cache_listener import listen_for_invalidations
 from gateway.workers.tasks import BackgroundTasks
@@ -58,6 +60,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
         await apply_schema(conn)
     app[POOL] = pool
     app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
+    app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
     yield
     await pool.close()
 

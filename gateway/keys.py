@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from gateway.mailer import Mailer
     from gateway.ratelimit import AuthRateLimiter
     from gateway.security.secretbox import SecretBox
+    from gateway.upstreams import Upstreams
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
@@ -27,5 +28,6 @@ AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
 RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("auth_rate_limiter")
 SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
 MAILER: web.AppKey[Mailer] = web.AppKey("mailer")
+UPSTREAMS: web.AppKey[Upstreams] = web.AppKey("upstreams")
 ENDPOINTS: web.AppKey[list[Endpoint]] = web.AppKey("endpoints")
 OPENAPI_DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi_document")

@@ -1,0 +1,60 @@
+"""Registered servers as the proxy and the MCP client reach them, cached in-process."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+
+from gateway.caches import Caches, InvalidatedCache
+from gateway.db import servers as servers_db
+from gateway.security.credentials import upstream_auth_headers
+from gateway.security.secretbox import SecretBox
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    id: uuid.UUID
+    workspace_id: uuid.UUID
+    name: str
+    url: str
+    # The server's stored credentials as request headers; never log these.
+    auth_headers: dict[str, str]
+
+
+class Upstreams:
+    """server id -> Upstream, with credentials decrypted once rather than per request.
+
+    Dropped on any change of url or credentials, in every process (schema.sql's trigger on
+    servers); call forget() after a change so this process does not wait for the NOTIFY.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, box: SecretBox, caches: Caches) -> None:
+        self._pool = pool
+        self._box = box
+        self._cache: InvalidatedCache[uuid.UUID, Upstream | None] = InvalidatedCache("servers")
+        caches.register(self._cache, {"servers": lambda key: self._cache.drop(uuid.UUID(key))})
+
+    async def get(self, server_id: uuid.UUID, workspace_id: uuid.UUID) -> Upstream | None:
+        """The server, or None when it does not exist or belongs to another workspace."""
+        upstream = await self._cache.get(server_id, lambda: self._load(server_id))
+        if upstream is None or upstream.workspace_id != workspace_id:
+            return None
+        return upstream
+
+    def forget(self, server_id: uuid.UUID) -> None:
+        self._cache.drop(server_id)
+
+    async def _load(self, server_id: uuid.UUID) -> Upstream | None:
+        row = await servers_db.upstream(self._pool, server_id)
+        if row is None:
+            return None
+        credentials = None if row.credentials is None else self._box.open(row.credentials)
+        return Upstream(
+            id=row.id,
+            workspace_id=row.workspace_id,
+            name=row.name,
+            url=row.url,
+            auth_headers=upstream_auth_headers(row.auth_type, credentials),
+        )
