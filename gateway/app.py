@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
@@ -9,12 +10,18 @@ from importlib.metadata import PackageNotFoundError, version
 import aiohttp
 from aiohttp import web
 
+from gateway import proxy
+from gateway.api import alerts as alerts_api
 from gateway.api import auth as auth_api
+from gateway.api import health as health_api
 from gateway.api import openapi
+from gateway.api import servers as servers_api
+from gateway.api import tool_calls as tool_calls_api
 from gateway.api import workspaces as workspaces_api
 from gateway.api.routing import mount
 from gateway.auth import Authenticator
 from gateway.caches import Caches
+from gateway.calllog import CallLog
 from gateway.config import Settings
 from gateway.db.pool import create_pool
 from gateway.db.schema import apply_schema
@@ -22,6 +29,7 @@ from gateway.errors import error_middleware
 from gateway.keys import (
     AUTHENTICATOR,
     CACHES,
+    CALL_LOG,
     ENDPOINTS,
     HTTP,
     MAILER,
@@ -36,13 +44,26 @@ from gateway.mailer import Mailer
 from gateway.ratelimit import AuthRateLimiter
 from gateway.security.secretbox import SecretBox
 from gateway.upstreams import Upstreams
+from gateway.workers.alert_evaluator import run_alert_evaluator
 from gateway.workers.api_key_usage import record_key_usage
 from gateway.workers.cache_listener import listen_for_invalidations
+from gateway.workers.health_retention import run_retention
+from gateway.workers.notifier import DeliveryPolicy, run_notifier
+from gateway.workers.prober import Prober
 from gateway.workers.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
-API_MODULES = (openapi.routes, auth_api.routes, workspaces_api.routes)
+API_MODULES = (
+    openapi.routes,
+    auth_api.routes,
+    workspaces_api.routes,
+    proxy.routes,
+    tool_calls_api.routes,
+    servers_api.routes,
+    health_api.routes,
+    alerts_api.routes,
+)
 
 
 def service_version() -> str:
@@ -65,6 +86,15 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     await pool.close()
 
 
+async def _call_log(app: web.Application) -> AsyncIterator[None]:
+    # After the pool and before the HTTP client: on shutdown it drains before the pool closes.
+    call_log = CallLog(app[POOL])
+    app[CALL_LOG] = call_log
+    call_log.start()
+    yield
+    await call_log.close()
+
+
 async def _http_client(app: web.Application) -> AsyncIterator[None]:
     # No total timeout: long SSE streams are legitimate. Each use bounds connect and reads.
     session = aiohttp.ClientSession(
@@ -84,6 +114,15 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     tasks = BackgroundTasks()
     tasks.start("cache-listener", listen_for_invalidations(settings.database_url, app[CACHES]))
     tasks.start("api-key-usage", record_key_usage(app[POOL], app[AUTHENTICATOR]))
+    if settings.run_workers:
+        tasks.start("prober", Prober.from_app(app).run_forever())
+        tasks.start("health-retention", run_retention(app[POOL], settings.health_retention_days))
+        # The evaluator only queues notifications and wakes the notifier; it never waits on one.
+        notify = asyncio.Event()
+        interval = settings.alert_eval_interval_seconds
+        tasks.start("alert-evaluator", run_alert_evaluator(app[POOL], interval, notify))
+        policy = DeliveryPolicy.from_settings(settings)
+        tasks.start("alert-notifier", run_notifier(app[POOL], app[HTTP], policy, notify))
     yield
     await tasks.stop()
     await app[MAILER].close()
@@ -104,5 +143,6 @@ def create_app(settings: Settings) -> web.Application:
     app[ENDPOINTS] = endpoints
     app[OPENAPI_DOCUMENT] = openapi.build_document(endpoints, service_version())
     openapi.add_docs_static(app)
-    app.cleanup_ctx.extend([_database, _http_client, _background_tasks])
+    proxy.setup_cors(app)
+    app.cleanup_ctx.extend([_database, _call_log, _http_client, _background_tasks])
     return app

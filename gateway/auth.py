@@ -43,7 +43,11 @@ class Access:
     path_workspace: bool = False
 
 
-PUBLIC = Access(authenticated=False)
+# Anyone; credentials, if sent, are ignored (the OpenAPI document and the docs page).
+PUBLIC = Access(authenticated=False, api_key=True)
+# Signing in: no credentials needed, but an API key is refused (403), because API keys
+# cannot manage accounts (SPEC: Authentication, rule 3).
+SIGN_IN = Access(authenticated=False)
 USER = Access()
 READ = Access(min_role=Role.MEMBER, api_key=True)
 # The proxy and tool-call ingestion: what an API key may do beyond reading.
@@ -64,6 +68,9 @@ class Principal:
 
 
 PRINCIPAL = web.RequestKey("principal", Principal)
+
+API_KEY_HEADER = "X-API-Key"
+_KEY_REFUSED = "API keys cannot be used on this endpoint; log in instead"
 
 
 class Authenticator:
@@ -113,7 +120,7 @@ class Authenticator:
             if scheme.lower() != "bearer" or not token.strip():
                 raise Unauthorized("Authorization header must be 'Bearer <access token>'")
             return await self._user_principal(request, token.strip(), access)
-        raw_key = request.headers.get("X-API-Key")
+        raw_key = request.headers.get(API_KEY_HEADER)
         if raw_key is not None:
             return await self._key_principal(raw_key.strip(), access)
         raise Unauthorized(
@@ -143,9 +150,16 @@ class Authenticator:
         if key is None:
             raise Unauthorized("invalid or revoked API key")
         if not access.api_key:
-            raise Forbidden("API keys cannot be used on this endpoint; log in instead")
+            raise Forbidden(_KEY_REFUSED)
         self.key_usage[key.id] = time.time()
         return Principal(workspace_id=key.workspace_id, role=Role.MEMBER, api_key_id=key.id)
+
+
+def refuse_api_key(request: web.Request, access: Access) -> None:
+    """On endpoints that need no credentials, an API key is still refused where keys may
+    not go, rather than silently ignored."""
+    if not access.api_key and API_KEY_HEADER in request.headers:
+        raise Forbidden(_KEY_REFUSED)
 
 
 def path_uuid(request: web.Request, name: str, what: str) -> uuid.UUID:

@@ -1,4 +1,4 @@
-"""The mcp-gateway command: serve, migrate."""
+"""The mcp-gateway command: serve, migrate, rotate-secrets."""
 
 from __future__ import annotations
 
@@ -44,11 +44,12 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def migrate(_args: argparse.Namespace) -> None:
-    settings = _settings()
+    # The schema needs no secrets, so a migration job need not be given them.
+    settings = Settings.from_env()
+    dsn = settings.database_url or start_embedded(settings.data_dir)
 
     async def run() -> int:
-        assert settings.database_url is not None
-        pool = await create_pool(settings.database_url, min_size=1, max_size=1)
+        pool = await create_pool(dsn, min_size=1, max_size=1)
         try:
             async with pool.acquire() as conn:
                 return await apply_schema(conn)
@@ -56,6 +57,35 @@ def migrate(_args: argparse.Namespace) -> None:
             await pool.close()
 
     print(f"schema is at version {uvloop.run(run())}")
+
+
+def rotate_secrets(_args: argparse.Namespace) -> None:
+    from gateway.security.rotation import RotationReport, rotate_credentials
+    from gateway.security.secretbox import SecretBox
+
+    # Only the encryption keys are needed (not the JWT secret).
+    settings = Settings.from_env()
+    if settings.database_url is None:
+        settings = with_local_secrets(settings)
+    elif not settings.secret_keys:
+        raise ConfigError("GATEWAY_SECRET_KEYS: must be set (the new key first, then the old)")
+    dsn = settings.database_url or start_embedded(settings.data_dir)
+
+    async def run() -> RotationReport:
+        pool = await create_pool(dsn, min_size=1, max_size=1)
+        try:
+            return await rotate_credentials(pool, SecretBox(settings.secret_keys))
+        finally:
+            await pool.close()
+
+    report = uvloop.run(run())
+    print(f"re-encrypted the credentials of {report.rotated} servers with the first key")
+    if report.skipped:
+        print(f"{report.skipped} servers changed meanwhile and were sealed by a gateway")
+    if report.undecryptable:
+        ids = ", ".join(str(i) for i in report.undecryptable)
+        print(f"no configured key decrypts the credentials of servers: {ids}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,6 +100,12 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_parser("migrate", help="create or upgrade the database schema").set_defaults(
         run=migrate
     )
+    commands.add_parser(
+        "rotate-secrets",
+        help="re-encrypt stored credentials with the first key of GATEWAY_SECRET_KEYS",
+        description="Key rotation: run every gateway with GATEWAY_SECRET_KEYS=NEW,OLD, run "
+        "this, then remove OLD.",
+    ).set_defaults(run=rotate_secrets)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

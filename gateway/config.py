@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.fernet import Fernet
+from limits import parse as parse_rate_limit
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,15 @@ class Settings:
     max_body_bytes: int = 4 * MiB
     probe_interval_seconds: float = 60.0
     probe_timeout_seconds: float = 10.0
+    # How many probes one gateway process runs at once.
+    probe_concurrency: int = 50
     degraded_latency_ms: float = 1000.0
     alert_eval_interval_seconds: float = 60.0
+    # Alert notifications: timeout per attempt, attempts before giving up, and the wait after
+    # the first failed attempt (it doubles after each further one).
+    alert_webhook_timeout_seconds: float = 10.0
+    alert_webhook_max_attempts: int = 8
+    alert_webhook_backoff_seconds: float = 15.0
     tools_cache_seconds: float = 300.0
     analytics_cache_seconds: float = 300.0
     proxy_timeout_seconds: float = 60.0
@@ -129,6 +137,16 @@ def _jwt_secret(raw: str) -> str:
     return raw
 
 
+def _rate_limit(raw: str) -> str:
+    try:
+        item = parse_rate_limit(raw)
+    except ValueError:
+        item = None
+    if item is None or item.amount <= 0:
+        raise ValueError(f"expected a rate such as '10/minute' or '100/hour', got {raw!r}")
+    return raw
+
+
 def _flag(raw: str) -> bool:
     lowered = raw.lower()
     if lowered in {"1", "true", "yes", "on"}:
@@ -153,16 +171,36 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
     "GATEWAY_PROBE_INTERVAL_SECONDS": ("probe_interval_seconds", _positive_float),
     "GATEWAY_PROBE_TIMEOUT_SECONDS": ("probe_timeout_seconds", _positive_float),
+    "GATEWAY_PROBE_CONCURRENCY": ("probe_concurrency", _positive_int),
     "GATEWAY_DEGRADED_LATENCY_MS": ("degraded_latency_ms", _positive_float),
     "GATEWAY_ALERT_EVAL_INTERVAL_SECONDS": ("alert_eval_interval_seconds", _positive_float),
+    "GATEWAY_ALERT_WEBHOOK_TIMEOUT_SECONDS": ("alert_webhook_timeout_seconds", _positive_float),
+    "GATEWAY_ALERT_WEBHOOK_MAX_ATTEMPTS": ("alert_webhook_max_attempts", _positive_int),
+    "GATEWAY_ALERT_WEBHOOK_BACKOFF_SECONDS": ("alert_webhook_backoff_seconds", _positive_float),
     "GATEWAY_TOOLS_CACHE_SECONDS": ("tools_cache_seconds", _positive_float),
     "GATEWAY_ANALYTICS_CACHE_SECONDS": ("analytics_cache_seconds", _positive_float),
     "GATEWAY_PROXY_TIMEOUT_SECONDS": ("proxy_timeout_seconds", _positive_float),
     "GATEWAY_HEALTH_RETENTION_DAYS": ("health_retention_days", _positive_int),
+    "GATEWAY_AUTH_RATE_LIMIT": ("auth_rate_limit", _rate_limit),
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
 }
 
 ENV_VARIABLES = tuple(_VARIABLES)
+
+
+def _read_secrets(path: Path) -> dict[str, Any]:
+    try:
+        stored = json.loads(path.read_text())
+        valid = isinstance(stored["jwt_secret"], str) and isinstance(stored["secret_keys"], list)
+    except (ValueError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise ConfigError(
+            f"GATEWAY_DATA_DIR: {path} is not a secrets file written by mcp-gateway; "
+            "restore it, or set GATEWAY_JWT_SECRET and GATEWAY_SECRET_KEYS"
+        )
+    result: dict[str, Any] = stored
+    return result
 
 
 def with_local_secrets(settings: Settings) -> Settings:
@@ -177,9 +215,8 @@ def with_local_secrets(settings: Settings) -> Settings:
         missing = "GATEWAY_JWT_SECRET" if not settings.jwt_secret else "GATEWAY_SECRET_KEYS"
         raise ConfigError(f"{missing}: must be set when DATABASE_URL is set")
     path = settings.data_dir / "secrets.json"
-    stored: dict[str, Any] = {}
     if path.exists():
-        stored = json.loads(path.read_text())
+        stored = _read_secrets(path)
     else:
         stored = {
             "jwt_secret": secrets.token_urlsafe(48),

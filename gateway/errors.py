@@ -90,7 +90,9 @@ def json_error(status: int, detail: str, headers: dict[str, str] | None = None) 
 
 # What asyncpg raises while PostgreSQL restarts or is unreachable.
 _DATABASE_DOWN = (
-    ConnectionError,
+    # OSError, not only ConnectionError: connecting to a unix socket (the embedded PostgreSQL)
+    # while the server restarts raises FileNotFoundError.
+    OSError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.OperatorInterventionError,

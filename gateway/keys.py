@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from gateway.api.routing import Endpoint
     from gateway.auth import Authenticator
     from gateway.caches import Caches
+    from gateway.calllog import CallLog
     from gateway.mailer import Mailer
     from gateway.ratelimit import AuthRateLimiter
     from gateway.security.secretbox import SecretBox
@@ -29,5 +30,7 @@ RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("auth_rate_limiter")
 SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
 MAILER: web.AppKey[Mailer] = web.AppKey("mailer")
 UPSTREAMS: web.AppKey[Upstreams] = web.AppKey("upstreams")
+# The tool call log: add() from the hot path, write() to wait for the commit.
+CALL_LOG: web.AppKey[CallLog] = web.AppKey("call_log")
 ENDPOINTS: web.AppKey[list[Endpoint]] = web.AppKey("endpoints")
 OPENAPI_DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi_document")

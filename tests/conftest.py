@@ -27,6 +27,7 @@ from gateway.config import Settings
 from gateway.db.schema import apply_schema
 from tests.contract import ContractChecker
 from tests.support import Api
+from tests.upstreams import sdk_server
 
 TEST_FERNET_KEY = Fernet.generate_key().decode()
 
@@ -108,8 +109,10 @@ AppFactory = Callable[..., Awaitable[Api]]
 
 @pytest.fixture
 async def make_api(
-    aiohttp_client: Callable[..., Awaitable[TestClient[web.Request, web.Application]]],
+    # settings (and so the database) first: fixtures are torn down in reverse, so the apps
+    # stop (draining their call log) before their database is dropped.
     settings: Settings,
+    aiohttp_client: Callable[..., Awaitable[TestClient[web.Request, web.Application]]],
 ) -> AsyncIterator[AppFactory]:
     """Start an app (optionally with changed settings) and return an Api client for it.
 
@@ -141,3 +144,17 @@ async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(database_url)
     yield conn
     await conn.close()
+
+
+@pytest.fixture(scope="session")
+def sdk_sse_url() -> Iterator[str]:
+    """Stateful SDK server answering with SSE, with priming events and two tools per page."""
+    with sdk_server(priming=True, page_size=2) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def sdk_json_url() -> Iterator[str]:
+    """Stateless SDK server answering with plain JSON."""
+    with sdk_server(stateless=True, json_response=True) as url:
+        yield url

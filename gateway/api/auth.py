@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gateway.api.models import Body, Email, Name, Out, Password, RoleName, UserOut
 from gateway.api.routing import Routes
-from gateway.auth import PRINCIPAL, PUBLIC, USER
+from gateway.auth import PRINCIPAL, SIGN_IN, USER
 from gateway.db import invites as invites_db
 from gateway.db import memberships as memberships_db
 from gateway.db import refresh_tokens as refresh_db
@@ -118,11 +118,20 @@ async def _issue_tokens(
     }
 
 
-async def _home_workspace(db: Executor, user_id: uuid.UUID) -> dict[str, Any]:
-    """Where a login lands: the personal workspace, else the oldest membership."""
-    workspace = await workspaces_db.personal(db, user_id)
+async def _create_personal(conn: Connection, user: User) -> dict[str, Any]:
+    slug = f"{workspaces_db.slugify(user.name)[:40]}-{secrets.token_hex(3)}"
+    return await workspaces_db.create(
+        conn, user.id, f"{user.name}'s workspace", slug, personal=True
+    )
+
+
+async def _home_workspace(conn: Connection, user: User) -> dict[str, Any]:
+    """Where a login lands: the personal workspace, else the oldest membership, else (the
+    user was removed from everything, even their personal workspace) a new personal one."""
+    workspace = await workspaces_db.personal(conn, user.id)
     if workspace is None:
-        workspace = (await workspaces_db.list_for_user(db, user_id))[0]
+        workspaces = await workspaces_db.list_for_user(conn, user.id)
+        workspace = workspaces[0] if workspaces else await _create_personal(conn, user)
     return workspace
 
 
@@ -133,7 +142,7 @@ def _client_address(request: web.Request) -> str:
 @routes.post(
     "/auth/signup",
     summary="Create an account (and its personal workspace)",
-    access=PUBLIC,
+    access=SIGN_IN,
     status=201,
     response=TokenResponse,
     errors=(404, 429),
@@ -152,10 +161,7 @@ async def signup(request: web.Request, body: SignupIn) -> dict[str, Any]:
     password_hash = await hash_password(body.password)
     async with pool.acquire() as conn, conn.transaction():
         user = await users_db.insert(conn, body.email, body.name, password_hash)
-        slug = f"{workspaces_db.slugify(body.name)[:40]}-{secrets.token_hex(3)}"
-        workspace = await workspaces_db.create(
-            conn, user.id, f"{body.name}'s workspace", slug, personal=True
-        )
+        workspace = await _create_personal(conn, user)
         if body.invite_token is not None:
             workspace = await _join(conn, body.invite_token, user)
         return await _issue_tokens(request, conn, user, workspace)
@@ -174,7 +180,7 @@ async def _join(conn: Connection, token: str, user: User) -> dict[str, Any]:
 @routes.post(
     "/auth/login",
     summary="Log in with email and password",
-    access=PUBLIC,
+    access=SIGN_IN,
     response=TokenResponse,
     errors=(401, 429),
 )
@@ -186,13 +192,13 @@ async def login(request: web.Request, body: LoginIn) -> dict[str, Any]:
         raise Unauthorized("invalid email or password")
     user = found[0]
     async with pool.acquire() as conn, conn.transaction():
-        return await _issue_tokens(request, conn, user, await _home_workspace(conn, user.id))
+        return await _issue_tokens(request, conn, user, await _home_workspace(conn, user))
 
 
 @routes.post(
     "/auth/refresh",
     summary="Exchange a refresh token for new tokens",
-    access=PUBLIC,
+    access=SIGN_IN,
     response=TokenResponse,
     errors=(401,),
 )
@@ -208,7 +214,7 @@ async def refresh(request: web.Request, body: RefreshIn) -> dict[str, Any]:
             user = None if session is None else await users_db.by_id(conn, session.user_id)
             if session is not None and user is not None:
                 workspace = await workspaces_db.get(conn, session.workspace_id, user.id)
-                workspace = workspace or await _home_workspace(conn, user.id)
+                workspace = workspace or await _home_workspace(conn, user)
                 return await _issue_tokens(request, conn, user, workspace, session.family_id)
         await refresh_db.revoke_family_if_reused(conn, token_hash)
     raise Unauthorized("invalid, expired or already used refresh token")
@@ -267,11 +273,11 @@ async def switch_workspace(request: web.Request, body: SwitchIn) -> dict[str, An
     response=TokenResponse,
     errors=(404,),
 )
-async def accept_invite(request: web.Request) -> dict[str, Any]:
-    """Needs the invitee logged in; returns tokens scoped to the workspace joined."""
+async def accept_invite(request: web.Request, token: str) -> dict[str, Any]:
+    """Needs the invitee logged in, with the email the invitation was sent to (else 403);
+    returns tokens scoped to the workspace joined. An expired, revoked or used token is 404."""
     principal = request[PRINCIPAL]
     assert principal.user_id is not None
-    token = request.match_info["token"]
     pool = request.app[POOL]
     async with pool.acquire() as conn, conn.transaction():
         user = await users_db.by_id(conn, principal.user_id)

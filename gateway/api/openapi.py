@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
@@ -15,6 +16,7 @@ from gateway.auth import PUBLIC
 from gateway.keys import OPENAPI_DOCUMENT
 
 _REF = "#/components/schemas/{model}"
+_UUID_SCHEMA = {"type": "string", "format": "uuid"}
 
 _SECURITY_SCHEMES = {
     "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
@@ -49,20 +51,10 @@ def _parameters(endpoint: Endpoint, components: _Components) -> list[dict[str, A
             "name": name,
             "in": "path",
             "required": True,
-            "schema": {"type": "string", "format": "uuid"},
+            "schema": _UUID_SCHEMA if kind is uuid.UUID else {"type": "string"},
         }
-        for name in endpoint.path_params
+        for name, kind in endpoint.path_params
     ]
-    if endpoint.access.path_workspace and "workspace_id" not in endpoint.path_params:
-        params.insert(
-            0,
-            {
-                "name": "workspace_id",
-                "in": "path",
-                "required": True,
-                "schema": {"type": "string", "format": "uuid"},
-            },
-        )
     if endpoint.query is not None:
         schema = endpoint.query.model_json_schema(ref_template=_REF)
         required = set(schema.get("required", []))
@@ -86,8 +78,12 @@ def _operation(endpoint: Endpoint, components: _Components) -> dict[str, Any]:
     if endpoint.description:
         op["description"] = endpoint.description
     access = endpoint.access
-    if access is PUBLIC or not access.authenticated:
+    if not access.authenticated:
         op["security"] = []
+        if not access.api_key:
+            op["description"] = (
+                f"{op.get('description', '')}\n\nNo credentials needed; an API key is refused."
+            ).strip()
     else:
         op["security"] = [{"bearer": []}, {"apiKey": []}] if access.api_key else [{"bearer": []}]
         if access.min_role is not None:
@@ -108,7 +104,9 @@ def _operation(endpoint: Endpoint, components: _Components) -> dict[str, Any]:
     success: dict[str, Any] = {"description": HTTPStatus(endpoint.status).phrase}
     if endpoint.response is not None:
         success["content"] = {
-            "application/json": {"schema": components.schema_of(endpoint.response, "serialization")}
+            endpoint.media_type: {
+                "schema": components.schema_of(endpoint.response, "serialization")
+            }
         }
     responses: dict[str, Any] = {str(endpoint.status): success}
     for code in endpoint.errors:
@@ -116,6 +114,13 @@ def _operation(endpoint: Endpoint, components: _Components) -> dict[str, Any]:
             "description": HTTPStatus(code).phrase,
             "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}},
         }
+        if code == 429:
+            responses[str(code)]["headers"] = {
+                "Retry-After": {
+                    "description": "seconds to wait before trying again",
+                    "schema": {"type": "integer"},
+                }
+            }
     op["responses"] = responses
     return op
 
@@ -155,12 +160,20 @@ _DOCS_PAGE = """<!doctype html>
 DOCS_STATIC = "/api/v1/docs/static"
 
 
-@routes.get("/openapi.json", summary="This OpenAPI document", access=PUBLIC)
+@routes.get(
+    "/openapi.json", summary="This OpenAPI document", access=PUBLIC, response=dict[str, Any]
+)
 async def openapi_json(request: web.Request) -> web.Response:
     return json_response(request.app[OPENAPI_DOCUMENT])
 
 
-@routes.get("/docs", summary="Human-readable API documentation (Swagger UI)", access=PUBLIC)
+@routes.get(
+    "/docs",
+    summary="Human-readable API documentation (Swagger UI)",
+    access=PUBLIC,
+    response=str,
+    media_type="text/html",
+)
 async def docs_page(request: web.Request) -> web.Response:
     page = _DOCS_PAGE.format(static=DOCS_STATIC, spec=f"{API_PREFIX}/openapi.json")
     return web.Response(text=page, content_type="text/html")

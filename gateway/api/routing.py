@@ -2,13 +2,16 @@
 
 A handler is `async def f(request, [body], [query], [<path params>])`. Parameters named `body`
 and `query` are validated from the JSON body and the query string with their annotated type;
-parameters annotated `uuid.UUID` come from the path (malformed means 404). The handler returns
-plain data (dicts, lists, dataclasses, pydantic models), None for 204, or its own StreamResponse.
+parameters named like a `{placeholder}` of the path come from the path: annotated `uuid.UUID`
+they are parsed (malformed means 404), annotated `str` they are passed as they are. The handler
+returns plain data (dicts, lists, dataclasses, pydantic models), None for 204, or its own
+StreamResponse.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,7 +22,7 @@ import orjson
 import pydantic
 from aiohttp import web
 
-from gateway.auth import PRINCIPAL, Access, path_uuid
+from gateway.auth import PRINCIPAL, Access, path_uuid, refuse_api_key
 from gateway.errors import BadRequest, ValidationFailed
 from gateway.keys import AUTHENTICATOR
 
@@ -36,10 +39,13 @@ class Endpoint:
     response: Any
     body: Any
     query: type[pydantic.BaseModel] | None
-    path_params: tuple[str, ...]
+    # Every {placeholder} of the path, in order, with its type (uuid.UUID or str).
+    path_params: tuple[tuple[str, type], ...]
     errors: tuple[int, ...]
     tag: str
     description: str = ""
+    # What the success response is, when the handler renders it itself (e.g. text/html).
+    media_type: str = "application/json"
 
 
 @dataclass
@@ -59,10 +65,11 @@ class Routes:
         status: int = 200,
         response: Any = None,
         errors: Iterable[int] = (),
+        media_type: str = "application/json",
     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
         def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             hints = typing.get_type_hints(fn)
-            params = list(inspect.signature(fn).parameters)[1:]
+            path_params = _path_params(path, access, hints)
             endpoint = Endpoint(
                 method=method,
                 path=path,
@@ -72,10 +79,11 @@ class Routes:
                 response=response,
                 body=hints.get("body"),
                 query=hints.get("query"),
-                path_params=tuple(p for p in params if hints.get(p) is uuid.UUID),
-                errors=_errors_for(access, hints, errors),
+                path_params=path_params,
+                errors=_errors_for(access, hints, path_params, errors),
                 tag=self.tag,
                 description=inspect.cleandoc(fn.__doc__ or ""),
+                media_type=media_type,
             )
             self.endpoints.append((endpoint, fn))
             return fn
@@ -95,17 +103,35 @@ class Routes:
         return self.route("DELETE", path, status=204, **kw)
 
 
-def _errors_for(access: Access, hints: dict[str, Any], extra: Iterable[int]) -> tuple[int, ...]:
+def _path_params(path: str, access: Access, hints: dict[str, Any]) -> tuple[tuple[str, type], ...]:
+    params = []
+    for name in re.findall(r"{(\w+)}", path):
+        kind = hints.get(name)
+        if kind is None:
+            # Not taken by the handler: {workspace_id} is still checked by the authenticator.
+            kind = uuid.UUID if name == "workspace_id" and access.path_workspace else str
+        if kind not in (uuid.UUID, str):
+            raise TypeError(f"{path}: path parameter {name!r} must be annotated uuid.UUID or str")
+        params.append((name, kind))
+    return tuple(params)
+
+
+def _errors_for(
+    access: Access,
+    hints: dict[str, Any],
+    path_params: tuple[tuple[str, type], ...],
+    extra: Iterable[int],
+) -> tuple[int, ...]:
     codes = set(extra)
     if access.authenticated:
         codes.add(401)
     if access.min_role is not None or not access.api_key:
-        codes.add(403)
+        codes.add(403)  # role too low, or an API key where keys may not go
     if "body" in hints:
         codes.update((400, 413, 422))
     if "query" in hints:
         codes.add(422)
-    if any(h is uuid.UUID for h in hints.values()) or access.path_workspace:
+    if path_params:
         codes.add(404)
     return tuple(sorted(codes))
 
@@ -120,14 +146,15 @@ def validation_detail(exc: pydantic.ValidationError, where: str) -> str:
 
 
 class _Handler:
-    """The aiohttp handler for one endpoint; `access` is read by the auth middleware."""
+    """The aiohttp handler for one endpoint: authenticates, reads the inputs, renders."""
 
-    __slots__ = ("access", "body_adapter", "endpoint", "fn")
+    __slots__ = ("access", "body_adapter", "endpoint", "fn", "takes")
 
     def __init__(self, endpoint: Endpoint, fn: Callable[..., Awaitable[Any]]) -> None:
         self.endpoint = endpoint
         self.access = endpoint.access
         self.fn = fn
+        self.takes = frozenset(inspect.signature(fn).parameters)
         self.body_adapter = (
             pydantic.TypeAdapter(endpoint.body) if endpoint.body is not None else None
         )
@@ -137,9 +164,17 @@ class _Handler:
         if endpoint.access.authenticated:
             authenticator = request.app[AUTHENTICATOR]
             request[PRINCIPAL] = await authenticator.authenticate(request, endpoint.access)
+        else:
+            refuse_api_key(request, endpoint.access)
         kwargs: dict[str, Any] = {}
-        for name in endpoint.path_params:
-            kwargs[name] = path_uuid(request, name, name.removesuffix("_id").replace("_", " "))
+        for name, kind in endpoint.path_params:
+            if name not in self.takes:
+                continue
+            if kind is uuid.UUID:
+                what = name.removesuffix("_id").replace("_", " ")
+                kwargs[name] = path_uuid(request, name, what)
+            else:
+                kwargs[name] = request.match_info[name]
         if self.body_adapter is not None:
             kwargs["body"] = await read_body(request, self.body_adapter)
         if endpoint.query is not None:

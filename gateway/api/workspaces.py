@@ -82,6 +82,10 @@ class ApiKeyCreated(ApiKeyOut):
     key: str
 
 
+_ALL_ROLES = frozenset(Role)
+_MEMBER_ONLY = frozenset({Role.MEMBER})
+
+
 def _user_id(principal: Principal) -> uuid.UUID:
     assert principal.user_id is not None  # workspace endpoints refuse API keys
     return principal.user_id
@@ -242,17 +246,13 @@ async def update_member(
 )
 async def remove_member(request: web.Request, workspace_id: uuid.UUID, user_id: uuid.UUID) -> None:
     """Owners may remove anyone (except the last owner); admins may remove members only."""
-    principal = request[PRINCIPAL]
-    pool = request.app[POOL]
-    target_role = await memberships_db.role_of(pool, workspace_id, user_id)
-    if target_role is None:
-        raise NotFound("member not found")
-    if principal.role is not Role.OWNER and target_role != Role.MEMBER:
-        raise Forbidden("admins can only remove members; ask an owner")
+    removable = _ALL_ROLES if request[PRINCIPAL].role is Role.OWNER else _MEMBER_ONLY
     try:
-        found = await memberships_db.remove(pool, workspace_id, user_id)
+        found = await memberships_db.remove(request.app[POOL], workspace_id, user_id, removable)
     except memberships_db.LastOwner:
         raise BadRequest("a workspace must keep at least one owner") from None
+    except memberships_db.Outranked:
+        raise Forbidden("admins can only remove members; ask an owner") from None
     if not found:
         raise NotFound("member not found")
     request.app[AUTHENTICATOR].forget_membership(workspace_id, user_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 import asyncpg
@@ -78,26 +79,49 @@ class LastOwner(Exception):
     """The change would leave the workspace without an owner."""
 
 
-async def _keeps_an_owner(conn: Connection, workspace_id: uuid.UUID, user_id: uuid.UUID) -> None:
+class Outranked(Exception):
+    """The member's role is not one the caller may remove."""
+
+
+async def _locked_role(conn: Connection, workspace_id: uuid.UUID, user_id: uuid.UUID) -> str | None:
     await conn.execute(_LOCK_WORKSPACE, workspace_id)
-    if (await role_of(conn, workspace_id, user_id)) == "owner":
-        others: int = await conn.fetchval(_OTHER_OWNERS, workspace_id, user_id)
-        if others == 0:
-            raise LastOwner
+    return await role_of(conn, workspace_id, user_id)
+
+
+async def _is_last_owner(
+    conn: Connection, workspace_id: uuid.UUID, user_id: uuid.UUID, role: str
+) -> bool:
+    return role == "owner" and await conn.fetchval(_OTHER_OWNERS, workspace_id, user_id) == 0
 
 
 async def set_role(
     pool: asyncpg.Pool, workspace_id: uuid.UUID, user_id: uuid.UUID, role: str
 ) -> bool:
-    """False when the user is not a member."""
+    """False when the user is not a member; LastOwner when demoting the last owner."""
     async with pool.acquire() as conn, conn.transaction():
-        if role != "owner":
-            await _keeps_an_owner(conn, workspace_id, user_id)
+        current = await _locked_role(conn, workspace_id, user_id)
+        if current is None:
+            return False
+        if role != "owner" and await _is_last_owner(conn, workspace_id, user_id, current):
+            raise LastOwner
         return await conn.fetchval(_SET_ROLE, workspace_id, user_id, role) is not None
 
 
-async def remove(pool: asyncpg.Pool, workspace_id: uuid.UUID, user_id: uuid.UUID) -> bool:
-    """False when the user is not a member."""
+async def remove(
+    pool: asyncpg.Pool,
+    workspace_id: uuid.UUID,
+    user_id: uuid.UUID,
+    removable_roles: Collection[str],
+) -> bool:
+    """False when the user is not a member; Outranked when their role is not one of
+    removable_roles (checked under the lock, so a member promoted meanwhile is safe);
+    LastOwner when removing the last owner."""
     async with pool.acquire() as conn, conn.transaction():
-        await _keeps_an_owner(conn, workspace_id, user_id)
+        role = await _locked_role(conn, workspace_id, user_id)
+        if role is None:
+            return False
+        if role not in removable_roles:
+            raise Outranked
+        if await _is_last_owner(conn, workspace_id, user_id, role):
+            raise LastOwner
         return await conn.fetchval(_REMOVE, workspace_id, user_id) is not None

@@ -1,4 +1,4 @@
-"""Fixtures for the MCP client and probe tests: shared SDK upstreams and an HTTP session."""
+"""Fixtures for the MCP client and probe tests (the SDK upstreams are in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,6 @@ import aiohttp
 import pytest
 
 from tests.upstreams import sdk_server
-
-
-@pytest.fixture(scope="session")
-def sdk_sse_url() -> Iterator[str]:
-    """Stateful SDK server answering with SSE, with priming events and two tools per page."""
-    with sdk_server(priming=True, page_size=2) as url:
-        yield url
-
-
-@pytest.fixture(scope="session")
-def sdk_json_url() -> Iterator[str]:
-    """Stateless SDK server answering with plain JSON."""
-    with sdk_server(stateless=True, json_response=True) as url:
-        yield url
 
 
 @pytest.fixture(scope="session")

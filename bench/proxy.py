@@ -1,0 +1,181 @@
+"""Proxy overhead: straight to the upstream vs a bare aiohttp pass-through vs the gateway.
+
+    python bench/proxy.py [--seconds 5] [--runs 3] [--connections 1,16,64]
+
+One command: starts a private PostgreSQL, a cheap stateless-JSON MCP upstream (aiohttp), a bare
+pass-through (no auth, no logging: the ceiling for Python) and the gateway (API key, every call
+logged), then drives each with wrk posting tools/call with distinct ids. The gateway and the
+pass-through run on CPU 0; upstream, wrk and PostgreSQL on CPU 1 (taskset). Prints req/s and
+p50/p99 per concurrency (median of the runs), the ratios, and checks that the gateway logged
+every request. Everything runs on 127.0.0.1 and is stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import (
+    GATEWAY_CPU,
+    OTHERS_CPU,
+    free_port,
+    gateway,
+    median_result,
+    pinned,
+    postgres,
+    process,
+    wrk,
+)
+
+
+def serve_upstream(port: int) -> None:
+    """A cheap MCP upstream: answers every JSON-RPC request with a small result, as JSON."""
+    import orjson
+    import uvloop
+    from aiohttp import web
+
+    async def mcp(request: web.Request) -> web.Response:
+        message = orjson.loads(await request.read())
+        result = {"content": [{"type": "text", "text": "hello"}], "isError": False}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/mcp", mcp)
+    web.run_app(
+        app, host="127.0.0.1", port=port, access_log=None, print=None, loop=uvloop.new_event_loop()
+    )
+
+
+def serve_passthrough(port: int, upstream: str) -> None:
+    """The ceiling: forward body and answer with one shared ClientSession, nothing else."""
+    import aiohttp
+    import uvloop
+    from aiohttp import web
+
+    async def session(app: web.Application):  # type: ignore[no-untyped-def]
+        app["http"] = aiohttp.ClientSession(auto_decompress=False)
+        yield
+        await app["http"].close()
+
+    async def mcp(request: web.Request) -> web.Response:
+        body = await request.read()
+        headers = {"Content-Type": "application/json", "Accept": request.headers["Accept"]}
+        async with request.app["http"].post(upstream, data=body, headers=headers) as reply:
+            return web.Response(
+                body=await reply.read(), status=reply.status, content_type=reply.content_type
+            )
+
+    app = web.Application()
+    app.cleanup_ctx.append(session)
+    app.router.add_post("/mcp", mcp)
+    web.run_app(
+        app, host="127.0.0.1", port=port, access_log=None, print=None, loop=uvloop.new_event_loop()
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=5, help="per wrk run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per target and concurrency")
+    parser.add_argument("--connections", default="1,16,64")
+    parser.add_argument("--role", choices=["upstream", "passthrough"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "upstream":
+        serve_upstream(args.port)
+        return
+    if args.role == "passthrough":
+        serve_passthrough(args.port, args.upstream)
+        return
+    connections = [int(c) for c in args.connections.split(",")]
+    me = [sys.executable, __file__]
+    upstream_port, pass_port = free_port(), free_port()
+    upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    with (
+        postgres() as dsn,
+        process(
+            pinned(OTHERS_CPU, [*me, "--role", "upstream", "--port", str(upstream_port)]),
+            upstream_port,
+        ),
+        process(
+            pinned(
+                GATEWAY_CPU,
+                [
+                    *me,
+                    "--role",
+                    "passthrough",
+                    "--port",
+                    str(pass_port),
+                    "--upstream",
+                    upstream_url,
+                ],
+            ),
+            pass_port,
+        ),
+        gateway(dsn) as gw,
+    ):
+        server_id = asyncio.run(gw.add_server(upstream_url))
+        targets = {
+            "straight": (upstream_url, ""),
+            "passthrough": (f"http://127.0.0.1:{pass_port}/mcp", ""),
+            "gateway": (f"{gw.url}/api/v1/proxy/{server_id}/mcp", gw.key),
+        }
+        for url, key in targets.values():  # warm up connections, caches, JIT-free but still
+            wrk(url, 16, 2, key)
+        logged_before = asyncio.run(gw.count_calls())
+        gateway_requests = 0
+        for c in connections:
+            for name, (url, key) in targets.items():
+                runs = [wrk(url, c, args.seconds, key) for _ in range(args.runs)]
+                results.setdefault(name, {})[c] = median_result(runs)
+                if name == "gateway":
+                    gateway_requests += sum(r.requests for r in runs)
+                print(f"{name:12} c={c:<3} {results[name][c]}", file=sys.stderr)
+        # Every request wrk counted must be in the log (in-flight ones at the end of a run may
+        # add a few more: wrk does not count responses after its deadline).
+        expected_max = gateway_requests + sum(connections) * args.runs
+        deadline = time.monotonic() + 30
+        logged = 0
+        while time.monotonic() < deadline:
+            logged = asyncio.run(gw.count_calls()) - logged_before
+            if logged >= gateway_requests:
+                break
+            time.sleep(0.5)
+    report(results, connections)
+    print(f"\ngateway requests answered: {gateway_requests}, tool calls logged: {logged}")
+    ok = gateway_requests <= logged <= expected_max
+    print("log check:", "OK, nothing dropped" if ok else "MISMATCH")
+    if not ok:
+        raise SystemExit(1)
+
+
+def report(results: dict[str, dict[int, dict[str, float]]], connections: list[int]) -> None:
+    print(f"\n{'target':12} {'c':>3} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    for name, by_c in results.items():
+        for c in connections:
+            r = by_c[c]
+            print(
+                f"{name:12} {c:>3} {r['rps']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                f"{r['errors']:>6.0f}"
+            )
+    print()
+    for c in connections:
+        g, p, s = results["gateway"][c], results["passthrough"][c], results["straight"][c]
+        print(
+            f"c={c:<3} gateway/passthrough req/s = {g['rps'] / p['rps']:.2f}, "
+            f"gateway/straight = {g['rps'] / s['rps']:.2f}, "
+            f"p50 added over straight = {g['p50_ms'] - s['p50_ms']:+.2f} ms, "
+            f"over passthrough = {g['p50_ms'] - p['p50_ms']:+.2f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

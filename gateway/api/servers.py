@@ -1,0 +1,322 @@
+"""/servers: the registry of upstream MCP servers, their stored credentials, on-demand probes."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import pydantic
+from aiohttp import web
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
+
+from gateway.api.health import HealthCheckOut
+from gateway.api.models import Body, Name, Out, Query
+from gateway.api.routing import Routes, validation_detail
+from gateway.auth import ADMIN, PRINCIPAL, READ
+from gateway.db import servers as servers_db
+from gateway.errors import NotFound, ValidationFailed
+from gateway.keys import POOL, SECRET_BOX, UPSTREAMS
+from gateway.workers.prober import Prober
+
+routes = Routes("servers")
+
+AuthType = Literal["bearer", "api_key", "basic"]
+ServerStatus = Literal["unknown", "healthy", "degraded", "down"]
+
+# Headers the gateway's MCP client sets itself; a stored credential cannot replace them.
+_RESERVED_HEADERS = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "connection",
+        "content-length",
+        "content-type",
+        "host",
+        "last-event-id",
+        "mcp-method",
+        "mcp-name",
+        "mcp-protocol-version",
+        "mcp-session-id",
+        "transfer-encoding",
+    }
+)
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    try:
+        parts.port  # noqa: B018 -- raises on a malformed port
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    if any(c.isspace() for c in value):
+        raise ValueError("must not contain whitespace")
+    return value
+
+
+def _header_name(value: str) -> str:
+    if not _HEADER_NAME.fullmatch(value):
+        raise ValueError("must be a valid HTTP header name")
+    if value.lower() in _RESERVED_HEADERS:
+        raise ValueError(f"{value} is set by the gateway itself")
+    return value
+
+
+def _header_safe(value: str) -> str:
+    if not _HEADER_VALUE.fullmatch(value):
+        raise ValueError("must be printable ASCII (it is sent in an HTTP header)")
+    return value
+
+
+def _no_colon(value: str) -> str:
+    if ":" in value:
+        raise ValueError("must not contain ':' (basic auth joins username:password)")
+    return value
+
+
+def _unique(tags: list[str]) -> list[str]:
+    return list(dict.fromkeys(tags))
+
+
+HttpUrl = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=2048),
+    AfterValidator(_http_url),
+]
+Description = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)]
+Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
+Tags = Annotated[list[Tag], Field(max_length=50), AfterValidator(_unique)]
+HeaderSafe = Annotated[
+    str, StringConstraints(min_length=1, max_length=8192), AfterValidator(_header_safe)
+]
+
+
+class BearerCredentials(Body):
+    token: HeaderSafe
+
+
+class ApiKeyCredentials(Body):
+    header_name: Annotated[str, StringConstraints(max_length=256), AfterValidator(_header_name)]
+    header_value: HeaderSafe
+
+
+class BasicCredentials(Body):
+    username: Annotated[
+        str, StringConstraints(min_length=1, max_length=1024), AfterValidator(_no_colon)
+    ]
+    password: Annotated[str, StringConstraints(max_length=8192)]
+
+
+_CREDENTIAL_MODELS: dict[str, type[Body]] = {
+    "bearer": BearerCredentials,
+    "api_key": ApiKeyCredentials,
+    "basic": BasicCredentials,
+}
+
+# Validated against the auth_type by the handlers (the shape depends on a sibling field, or for
+# a PATCH on the stored type); the document shows the three shapes.
+Credentials = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "description": "write-only; the shape follows auth_type",
+            "oneOf": [
+                {"title": "bearer", **BearerCredentials.model_json_schema()},
+                {"title": "api_key", **ApiKeyCredentials.model_json_schema()},
+                {"title": "basic", **BasicCredentials.model_json_schema()},
+            ],
+        }
+    ),
+]
+
+
+class ServerIn(Body):
+    name: Name
+    url: HttpUrl = Field(description="http(s) URL of the MCP endpoint (streamable HTTP)")
+    description: Description = ""
+    tags: Tags = Field(default_factory=list)
+    auth_type: AuthType | None = None
+    auth_credentials: Credentials | None = Field(
+        default=None, description="required when auth_type is set; never returned"
+    )
+
+
+class ServerPatch(Body):
+    """Only supplied fields change. `auth_type: null` clears the credentials; a new auth_type
+    needs `auth_credentials` of its shape; `auth_credentials` alone replaces those of the
+    current auth_type."""
+
+    name: Name | None = None
+    url: HttpUrl | None = None
+    description: Description | None = None
+    tags: Tags | None = None
+    auth_type: AuthType | None = None
+    auth_credentials: Credentials | None = None
+
+
+class ServerQuery(Query):
+    status: ServerStatus | None = None
+    tag: Annotated[str | None, Field(max_length=64, description="servers carrying this tag")] = None
+    search: Annotated[
+        str | None,
+        Field(max_length=200, description="case-insensitive substring of name, description or url"),
+    ] = None
+
+
+class ServerOut(Out):
+    id: uuid.UUID
+    name: str
+    url: str
+    description: str
+    tags: list[str]
+    auth_type: AuthType | None
+    has_credentials: bool
+    status: ServerStatus = Field(description="status of the latest probe, `unknown` before one")
+    last_checked_at: datetime | None
+    last_latency_ms: float | None
+    tool_count: int | None = Field(description="tools at the latest probe whose tools/list worked")
+    tools_changed_at: datetime | None = Field(
+        description="when a probe last saw the tool list differ from the one before; "
+        "null while it has not changed since the first probe"
+    )
+    created_at: datetime
+    updated_at: datetime
+
+
+def _credentials(auth_type: str | None, raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The credentials for `auth_type`, validated; a 422 naming the field otherwise."""
+    if auth_type is None:
+        if raw is not None:
+            raise ValidationFailed(
+                "body.auth_credentials: not allowed without an auth_type (bearer, api_key "
+                "or basic), which says how they are sent"
+            )
+        return None
+    try:
+        credentials = _CREDENTIAL_MODELS[auth_type].model_validate(raw or {})
+    except pydantic.ValidationError as exc:
+        raise ValidationFailed(validation_detail(exc, "body.auth_credentials")) from None
+    return credentials.model_dump()
+
+
+def _seal(request: web.Request, credentials: dict[str, Any] | None) -> bytes | None:
+    return None if credentials is None else request.app[SECRET_BOX].seal(credentials)
+
+
+@routes.get("/servers", summary="Registered servers", access=READ, response=list[ServerOut])
+async def list_servers(request: web.Request, query: ServerQuery) -> list[dict[str, Any]]:
+    """Ordered by name. Filters combine (AND)."""
+    return await servers_db.list_servers(
+        request.app[POOL],
+        request[PRINCIPAL].workspace_id,
+        status=query.status,
+        tag=query.tag,
+        search=query.search,
+    )
+
+
+@routes.post(
+    "/servers",
+    summary="Register a server",
+    access=ADMIN,
+    status=201,
+    response=ServerOut,
+    errors=(400,),
+)
+async def create_server(request: web.Request, body: ServerIn) -> dict[str, Any]:
+    """The credentials are encrypted at rest and never returned (`has_credentials` shows
+    whether there are any). The first background probe follows within a few seconds."""
+    credentials = _credentials(body.auth_type, body.auth_credentials)
+    return await servers_db.create(
+        request.app[POOL],
+        request[PRINCIPAL].workspace_id,
+        name=body.name,
+        url=body.url,
+        description=body.description,
+        tags=body.tags,
+        auth_type=body.auth_type,
+        credentials=_seal(request, credentials),
+    )
+
+
+@routes.get("/servers/{server_id}", summary="One server", access=READ, response=ServerOut)
+async def get_server(request: web.Request, server_id: uuid.UUID) -> dict[str, Any]:
+    server = await servers_db.get(request.app[POOL], request[PRINCIPAL].workspace_id, server_id)
+    if server is None:
+        raise NotFound("server not found")
+    return server
+
+
+@routes.patch(
+    "/servers/{server_id}",
+    summary="Change a server",
+    access=ADMIN,
+    response=ServerOut,
+    errors=(400,),
+)
+async def update_server(
+    request: web.Request, server_id: uuid.UUID, body: ServerPatch
+) -> dict[str, Any]:
+    """Only supplied fields change. `auth_type: null` clears the credentials; changing
+    `auth_type` needs `auth_credentials` of the new shape; `auth_credentials` alone replaces
+    those of the current auth_type. A new url or new credentials are probed within seconds."""
+    workspace_id = request[PRINCIPAL].workspace_id
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        # Locked: the credentials' shape depends on the stored auth_type.
+        found, current_type = await servers_db.lock_auth_type(conn, workspace_id, server_id)
+        if not found:
+            raise NotFound("server not found")
+        new_type = body.auth_type if "auth_type" in body.model_fields_set else current_type
+        # Re-sending the current auth_type without credentials (an edited copy of a GET) keeps
+        # the stored ones.
+        set_auth = new_type != current_type or body.auth_credentials is not None
+        credentials = _credentials(new_type, body.auth_credentials) if set_auth else None
+        changes = servers_db.ServerChanges(
+            name=body.name,
+            url=body.url,
+            description=body.description,
+            tags=body.tags,
+            set_auth=set_auth,
+            auth_type=new_type,
+            credentials=_seal(request, credentials),
+        )
+        server = await servers_db.update(conn, workspace_id, server_id, changes)
+    assert server is not None  # locked above
+    request.app[UPSTREAMS].forget(server_id)
+    return server
+
+
+@routes.delete("/servers/{server_id}", summary="Delete a server and its history", access=ADMIN)
+async def delete_server(request: web.Request, server_id: uuid.UUID) -> None:
+    """Its health checks (and tool calls, alert rules and events) go with it."""
+    if not await servers_db.delete(request.app[POOL], request[PRINCIPAL].workspace_id, server_id):
+        raise NotFound("server not found")
+    request.app[UPSTREAMS].forget(server_id)
+
+
+@routes.post(
+    "/servers/{server_id}/probe",
+    summary="Probe a server now",
+    access=ADMIN,
+    response=HealthCheckOut,
+)
+async def probe_server(request: web.Request, server_id: uuid.UUID) -> dict[str, Any]:
+    """Connects (MCP `server/discover` or the `initialize` handshake) and lists tools with the
+    stored credentials, then returns the stored health check. The server's status follows it.
+    An unreachable or failing upstream is a `down` check, not an error of this request."""
+    upstream = await request.app[UPSTREAMS].get(server_id, request[PRINCIPAL].workspace_id)
+    if upstream is None:
+        raise NotFound("server not found")
+    check = await Prober.from_app(request.app).probe_and_record(
+        upstream.id, upstream.url, upstream.auth_headers
+    )
+    if check is None:
+        raise NotFound("server not found")  # deleted while it was being probed
+    return check

@@ -1,0 +1,205 @@
+"""/tool-calls: the tool call audit log, listed with filters and filled by direct ingestion."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, NotRequired
+
+import pydantic
+from aiohttp import web
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
+from typing_extensions import TypedDict
+
+from gateway.api.models import Out, Page
+from gateway.api.routing import Routes, json_response, validation_detail
+from gateway.auth import PRINCIPAL, READ, USE
+from gateway.calllog import ToolCall, clean_text, uuid7s
+from gateway.db import tool_calls as tool_calls_db
+from gateway.errors import BadRequest, NotFound, ValidationFailed
+from gateway.keys import CALL_LOG, POOL, UPSTREAMS
+
+routes = Routes("tool calls")
+
+MAX_BATCH = 1000
+_INT32 = 2**31 - 1
+
+ToolName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=255)]
+Text = Annotated[str, StringConstraints(max_length=1000)]
+Count = Annotated[int, Field(ge=0, le=_INT32)]
+Status = Literal["success", "error"]
+
+
+class ToolCallIn(TypedDict):
+    """One tool call to ingest. A TypedDict rather than a model: 2.5 times faster to validate,
+    which matters at tens of thousands of rows per second."""
+
+    __pydantic_config__ = ConfigDict(strict=True, extra="ignore")  # type: ignore[misc]
+
+    server_id: uuid.UUID
+    tool_name: ToolName
+    status: Status
+    caller_agent: NotRequired[Text | None]
+    duration_ms: NotRequired[Count | None]
+    input_tokens: NotRequired[Count | None]
+    output_tokens: NotRequired[Count | None]
+    output_size_bytes: NotRequired[Annotated[int, Field(ge=0, le=2**63 - 1)] | None]
+    error_message: NotRequired[Annotated[str, StringConstraints(max_length=10_000)] | None]
+    # Naive timestamps are taken as UTC; absent means the time of receipt.
+    created_at: NotRequired[datetime | None]
+
+
+class ToolCallOut(Out):
+    id: uuid.UUID
+    server_id: uuid.UUID
+    server_name: str
+    tool_name: str
+    caller_agent: str | None
+    status: Status
+    duration_ms: int | None
+    input_tokens: int | None
+    output_tokens: int | None
+    output_size_bytes: int | None
+    error_message: str | None
+    created_at: datetime
+
+
+class ToolCallsCreated(Out):
+    items: list[ToolCallOut]
+
+
+class ToolCallPage(Out):
+    items: list[ToolCallOut]
+    total: int
+
+
+class ToolCallQuery(Page):
+    server_id: uuid.UUID | None = None
+    tool_name: Annotated[
+        str | None, Field(max_length=255, description="case-insensitive substring")
+    ] = None
+    caller_agent: str | None = None
+    status: Status | None = None
+    start: Annotated[datetime | None, Field(description="from this time on (inclusive)")] = None
+    end: Annotated[datetime | None, Field(description="up to this time (inclusive)")] = None
+
+    @model_validator(mode="after")
+    def _range(self) -> ToolCallQuery:
+        if self.start is not None and self.end is not None and _utc(self.end) < _utc(self.start):
+            raise ValueError("end must not be before start")
+        return self
+
+
+_ONE = pydantic.TypeAdapter(ToolCallIn)
+_MANY = pydantic.TypeAdapter(list[ToolCallIn])
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _parse(raw: bytes) -> tuple[list[ToolCallIn], bool]:
+    """The tool calls of a body, and whether it was an array. A custom read rather than the
+    routing's: validating a union of object and array would name fields awkwardly."""
+    first = raw.lstrip()[:1]
+    if not first:
+        raise BadRequest("request body is required (JSON)")
+    if first not in (b"{", b"["):
+        raise BadRequest("request body must be a JSON object or an array of objects")
+    many = first == b"["
+    try:
+        calls = _MANY.validate_json(raw) if many else [_ONE.validate_json(raw)]
+    except pydantic.ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
+            raise BadRequest("request body is not valid JSON") from None
+        raise ValidationFailed(validation_detail(exc, "body")) from None
+    if many and not calls:
+        raise ValidationFailed("body: the array must hold at least one tool call")
+    if len(calls) > MAX_BATCH:
+        raise ValidationFailed(f"body: at most {MAX_BATCH} tool calls per request")
+    return calls, many
+
+
+@routes.post(
+    "/tool-calls",
+    summary="Ingest tool calls without the proxy",
+    access=USE,
+    status=201,
+    response=ToolCallOut | ToolCallsCreated,
+    errors=(400, 404, 413, 422),
+)
+async def ingest(request: web.Request) -> web.Response:
+    """The body is one tool call object (answered with the stored call) or an array of up to
+    1000 (answered with `{"items": [...]}`), each with the fields of ToolCallIn: `server_id`,
+    `tool_name` and `status` required; `created_at` defaults to the time of receipt. Every
+    server must be in your workspace (else 404, and nothing is stored). A 201 means the calls
+    are committed: a following GET /tool-calls sees them."""
+    calls, many = _parse(await request.read())
+    app = request.app
+    workspace_id = request[PRINCIPAL].workspace_id
+    names: dict[uuid.UUID, str] = {}
+    for server_id in {call["server_id"] for call in calls}:
+        upstream = await app[UPSTREAMS].get(server_id, workspace_id)
+        if upstream is None:
+            raise NotFound(f"server {server_id} not found")
+        names[server_id] = upstream.name
+    now = datetime.now(UTC)
+    records = [
+        ToolCall(
+            call_id,
+            workspace_id,
+            call["server_id"],
+            clean_text(call["tool_name"]) or "(unnamed)",
+            clean_text(call.get("caller_agent")),
+            call["status"],
+            call.get("duration_ms"),
+            call.get("input_tokens"),
+            call.get("output_tokens"),
+            call.get("output_size_bytes"),
+            clean_text(call.get("error_message")),
+            now if (at := call.get("created_at")) is None else _utc(at),
+        )
+        for call_id, call in zip(uuid7s(len(calls)), calls, strict=True)
+    ]
+    await app[CALL_LOG].write(records)
+    items = [_stored(record, names[record.server_id]) for record in records]
+    return json_response({"items": items} if many else items[0], 201)
+
+
+def _stored(record: ToolCall, server_name: str) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "server_id": record.server_id,
+        "server_name": server_name,
+        "tool_name": record.tool_name,
+        "caller_agent": record.caller_agent,
+        "status": record.status,
+        "duration_ms": record.duration_ms,
+        "input_tokens": record.input_tokens,
+        "output_tokens": record.output_tokens,
+        "output_size_bytes": record.output_size_bytes,
+        "error_message": record.error_message,
+        "created_at": record.created_at,
+    }
+
+
+@routes.get(
+    "/tool-calls",
+    summary="Tool calls of the workspace, newest first",
+    access=READ,
+    response=ToolCallPage,
+)
+async def list_tool_calls(request: web.Request, query: ToolCallQuery) -> dict[str, Any]:
+    """`tool_name` matches any part of the name, ignoring case; `start` and `end` bound
+    `created_at` (both inclusive; timestamps without an offset are UTC). `total` is exact."""
+    filters = tool_calls_db.Filters(
+        server_id=query.server_id,
+        tool_name=query.tool_name,
+        caller_agent=query.caller_agent,
+        status=query.status,
+        start=None if query.start is None else _utc(query.start),
+        end=None if query.end is None else _utc(query.end),
+    )
+    return await tool_calls_db.list_tool_calls(
+        request.app[POOL], request[PRINCIPAL].workspace_id, filters, query.limit, query.offset
+    )

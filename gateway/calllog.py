@@ -1,0 +1,442 @@
+"""The tool call log: a bounded in-memory queue flushed by COPY, with hourly latency histograms.
+
+Latency histograms (tool_call_hourly.latency_histogram, and latency_bucket() in schema.sql):
+durations are integer milliseconds. Bucket i < 50 holds exactly i ms. From 50 ms up, bucket
+i = 50 + floor(log(ms / 50) / log(1.02)) holds [50 * 1.02**(i-50), 50 * 1.02**(i-49)): each bucket
+is 2% wider than the one before, about 940 buckets up to 2**31 ms. A histogram is a dense
+integer[] where element i (0-based here, i + 1 in SQL) counts bucket i; it only reaches the
+highest bucket seen. Merging is element-wise addition (histogram_add(), and the aggregate
+histogram_sum() in SQL; merge() here). bucket_value(i) maps a bucket back to one value whose
+relative error against any duration in that bucket is at most 0.99%, so a nearest-rank
+percentile read with percentile() is within 1% of the exact one.
+
+Writing: CallLog.add() appends to a list and returns (it never awaits I/O); one background task
+swaps the list out every FLUSH_SECONDS or when it holds BATCH_ROWS rows and writes it in one
+transaction (COPY into a staging table, then insert + rollup upsert: gateway/db/tool_calls.py).
+If PostgreSQL fails, the batch goes back to the front of the queue and is retried with backoff.
+Records carry their ids from the start and the insert skips ids already stored, so a retry after
+an ambiguous commit never duplicates. The queue is bounded (max_rows, counting the batch being
+retried): past the bound, add() drops the new record and counts it (stats.dropped, and a warning
+at most every 10 s), and write() (POST /tool-calls) refuses with 503, so nothing acknowledged is
+dropped. On shutdown the queue drains before the pool closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import NamedTuple
+
+import asyncpg
+
+from gateway.db import tool_calls as tool_calls_db
+from gateway.errors import ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+EXACT_BELOW_MS = 50
+GROWTH = 1.02
+_LOG_GROWTH = math.log(GROWTH)
+
+
+def latency_bucket(duration_ms: int) -> int:
+    """The histogram bucket of a duration; the same as latency_bucket() in schema.sql."""
+    if duration_ms < EXACT_BELOW_MS:
+        return max(duration_ms, 0)
+    return EXACT_BELOW_MS + math.floor(math.log(duration_ms / EXACT_BELOW_MS) / _LOG_GROWTH)
+
+
+def bucket_bounds(bucket: int) -> tuple[int, int]:
+    """The smallest and largest integer durations that fall into a bucket."""
+    if bucket < EXACT_BELOW_MS:
+        return bucket, bucket
+    low = EXACT_BELOW_MS * GROWTH ** (bucket - EXACT_BELOW_MS)
+    high = EXACT_BELOW_MS * GROWTH ** (bucket - EXACT_BELOW_MS + 1)
+    smallest = math.ceil(low)
+    # Guard the float edges by asking the bucket function itself.
+    while latency_bucket(smallest) < bucket:
+        smallest += 1
+    while smallest > 0 and latency_bucket(smallest - 1) == bucket:
+        smallest -= 1
+    largest = max(smallest, math.ceil(high) - 1)
+    while latency_bucket(largest) > bucket:
+        largest -= 1
+    while latency_bucket(largest + 1) == bucket:
+        largest += 1
+    return smallest, largest
+
+
+def bucket_value(bucket: int) -> float:
+    """One value standing for every duration in the bucket: the point whose relative distance to
+    both ends is equal (at most (1.02 - 1) / (1.02 + 1) < 1%)."""
+    low, high = bucket_bounds(bucket)
+    if low == high:
+        return float(low)
+    return 2 * low * high / (low + high)
+
+
+def merge(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+    merged = list(longer)
+    for i, count in enumerate(shorter):
+        merged[i] += count
+    return merged
+
+
+def percentile(histogram: Sequence[int], fraction: float) -> float | None:
+    """Nearest-rank percentile (fraction 0..1) of a histogram; None when it is empty."""
+    total = sum(histogram)
+    if total == 0:
+        return None
+    rank = max(1, math.ceil(fraction * total))
+    seen = 0
+    for bucket, count in enumerate(histogram):
+        seen += count
+        if seen >= rank:
+            return bucket_value(bucket)
+    raise AssertionError("unreachable: rank <= total")
+
+
+# -- records -----------------------------------------------------------------------------------
+
+
+class ToolCall(NamedTuple):
+    """One row of tool_calls in the order of gateway.db.tool_calls.COLUMNS (COPY takes it)."""
+
+    id: uuid.UUID
+    workspace_id: uuid.UUID
+    server_id: uuid.UUID
+    tool_name: str
+    caller_agent: str | None
+    status: str
+    duration_ms: int | None
+    input_tokens: int | None
+    output_tokens: int | None
+    output_size_bytes: int | None
+    error_message: str | None
+    created_at: datetime
+
+
+_UUID7_CLEAR = ~((0xF << 76) | (0x3 << 62))
+_UUID7_SET = (0x7 << 76) | (0x2 << 62)  # version 7, RFC variant
+
+
+def uuid7() -> uuid.UUID:
+    """A time-ordered UUID (RFC 9562 version 7): new rows append to the primary key index."""
+    return uuid7s(1)[0]
+
+
+def uuid7s(count: int) -> list[uuid.UUID]:
+    """`count` version 7 UUIDs of this millisecond, with one clock read and one urandom call."""
+    millis = (time.time_ns() // 1_000_000) << 80
+    noise = os.urandom(10 * count)
+    return [
+        uuid.UUID(int=(millis | int.from_bytes(noise[i : i + 10])) & _UUID7_CLEAR | _UUID7_SET)
+        for i in range(0, 10 * count, 10)
+    ]
+
+
+def clean_text(value: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL; one such byte would otherwise fail a whole batch."""
+    if value is None or "\x00" not in value:
+        return value
+    return value.replace("\x00", "")
+
+
+# -- the writer --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CallLogStats:
+    """Counters since start (len(call_log) is what waits in memory now)."""
+
+    written: int = 0
+    # Rows not stored because their server was deleted before the flush (or already stored).
+    skipped: int = 0
+    # Rows lost because the queue was full (database unavailable for long).
+    dropped: int = 0
+    # Rows PostgreSQL refused one by one (bad data); logged.
+    rejected: int = 0
+    batches: int = 0
+    failures: int = 0
+
+
+def _usable(conn: asyncpg.pool.PoolConnectionProxy) -> bool:
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:  # already released back to the pool
+        return False
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the call log writer died", exc_info=task.exception())
+
+
+# The rows of one write() as [start, end) in its batch, and the future its caller awaits.
+_Waiter = tuple[int, int, "asyncio.Future[None]"]
+
+
+class RowsRejected(Exception):
+    """Some rows of a write() could not be stored (PostgreSQL refused them)."""
+
+
+_RETRYABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.TransactionRollbackError,  # deadlock, serialization
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # failover in progress
+)
+
+
+class CallLog:
+    """The bounded queue of tool calls and its writer task."""
+
+    FLUSH_SECONDS = 0.005
+    BATCH_ROWS = 5000
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        max_rows: int = 200_000,
+        flush_seconds: float = FLUSH_SECONDS,
+        batch_rows: int = BATCH_ROWS,
+        max_backoff_seconds: float = 5.0,
+    ) -> None:
+        self._pool = pool
+        self.max_rows = max_rows
+        self._flush_seconds = flush_seconds
+        self._batch_rows = batch_rows
+        self._max_backoff = max_backoff_seconds
+        self._rows: list[ToolCall] = []
+        # The rows of each write(), as [start, end) in _rows, and its future: set once committed.
+        self._waiters: list[_Waiter] = []
+        # A batch that failed and waits for its retry; counted in the bound.
+        self._retry: list[ToolCall] = []
+        self._retry_waiters: list[_Waiter] = []
+        self._wakeup = asyncio.Event()
+        # Cuts the linger short: a full batch is waiting, or shutdown.
+        self._hurry = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._conn: asyncpg.pool.PoolConnectionProxy | None = None
+        self.stats = CallLogStats()
+        self._last_drop_warning = 0.0
+
+    # -- producers -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._rows) + len(self._retry)
+
+    def add(self, call: ToolCall) -> None:
+        """Queue one call; never waits. When the queue is full the call is dropped and counted."""
+        if len(self._rows) + len(self._retry) >= self.max_rows:
+            self._drop(1)
+            return
+        self._rows.append(call)
+        if not self._wakeup.is_set():
+            self._wakeup.set()
+        if len(self._rows) >= self._batch_rows:
+            self._hurry.set()
+
+    async def write(self, calls: Sequence[ToolCall]) -> None:
+        """Queue calls and return once they are committed (POST /tool-calls).
+
+        Raises ServiceUnavailable at once when they do not fit (the caller should retry), and
+        RowsRejected when PostgreSQL refused some of them.
+        """
+        if self._closing:
+            raise ServiceUnavailable("the gateway is shutting down", headers={"Retry-After": "1"})
+        if len(self) + len(calls) > self.max_rows:
+            raise ServiceUnavailable(
+                "the tool call log is full (database unavailable?); retry shortly",
+                headers={"Retry-After": "1"},
+            )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        start = len(self._rows)
+        self._rows.extend(calls)
+        self._waiters.append((start, len(self._rows), future))
+        self._wakeup.set()
+        if len(self._rows) >= self._batch_rows:
+            self._hurry.set()
+        await asyncio.shield(future)
+
+    def _drop(self, count: int) -> None:
+        self.stats.dropped += count
+        now = time.monotonic()
+        if now - self._last_drop_warning >= 10.0:
+            self._last_drop_warning = now
+            log.warning(
+                "tool call log full (%d rows pending): dropped %d calls so far",
+                len(self),
+                self.stats.dropped,
+            )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="call-log-writer")
+        self._task.add_done_callback(_report_death)
+
+    async def close(self, drain_seconds: float = 20.0) -> None:
+        """Write everything queued (retrying while the database is down, for up to
+        drain_seconds)."""
+        self._closing = True
+        self._wakeup.set()
+        self._hurry.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), drain_seconds)
+            except TimeoutError:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+                lost = len(self)
+                self._fail_waiters(ServiceUnavailable("the gateway shut down before storing"))
+                log.error("shutting down with %d tool calls not written (database down)", lost)
+        await self._release()
+
+    # -- the writer task -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            if not self._retry and not self._rows:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if not self._retry and len(self._rows) < self._batch_rows and not self._closing:
+                # Linger a moment so a burst becomes one batch.
+                self._hurry.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), self._flush_seconds)
+            retry = bool(self._retry)
+            batch, waiters = self._take()
+            try:
+                await self._write(batch, waiters, retry=retry)
+            except _RETRYABLE as exc:
+                self.stats.failures += 1
+                self._retry, self._retry_waiters = batch, waiters
+                log.warning(
+                    "cannot write %d tool calls (%s: %s); retrying in %.2f s",
+                    len(batch),
+                    type(exc).__name__,
+                    exc,
+                    backoff,
+                )
+                await self._release(broken=True)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            except Exception:
+                log.exception("unexpected error writing %d tool calls; retrying", len(batch))
+                self.stats.failures += 1
+                self._retry, self._retry_waiters = batch, waiters
+                await self._release(broken=True)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            backoff = 0.05
+
+    def _take(self) -> tuple[list[ToolCall], list[_Waiter]]:
+        """The next batch: a failed batch first (as it was), else up to batch_rows new rows."""
+        if self._retry:
+            batch, waiters = self._retry, self._retry_waiters
+            self._retry, self._retry_waiters = [], []
+            return batch, waiters
+        if len(self._rows) <= self._batch_rows:
+            batch, self._rows = self._rows, []
+            waiters, self._waiters = self._waiters, []
+            return batch, waiters
+        cut = self._batch_rows
+        for start, end, _ in self._waiters:
+            if start < cut < end:
+                # Never split the rows of one write(): its 201 means all of them are stored.
+                cut = start if start > 0 else end
+                break
+        batch, self._rows = self._rows[:cut], self._rows[cut:]
+        waiters = [w for w in self._waiters if w[1] <= cut]
+        self._waiters = [(s - cut, e - cut, f) for s, e, f in self._waiters if e > cut]
+        return batch, waiters
+
+    async def _connection(self) -> asyncpg.pool.PoolConnectionProxy:
+        # Held between batches; asyncpg takes it back by itself when the connection is lost.
+        if self._conn is not None and not _usable(self._conn):
+            self._conn = None
+        if self._conn is None:
+            self._conn = await self._pool.acquire()
+        return self._conn
+
+    async def _release(self, *, broken: bool = False) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None or not _usable(conn):
+            return
+        try:
+            if broken:
+                conn.terminate()
+            await self._pool.release(conn, timeout=5)
+        except Exception as exc:  # the pool replaces it either way
+            log.debug("releasing the call log connection: %s", exc)
+
+    async def _write(self, batch: list[ToolCall], waiters: list[_Waiter], *, retry: bool) -> None:
+        conn = await self._connection()
+        try:
+            inserted = await tool_calls_db.write_batch(conn, batch, retry=retry)
+        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            # One bad row must not hold back the rest: store them one by one.
+            log.error(
+                "a batch of %d tool calls was refused (%s); writing row by row", len(batch), exc
+            )
+            await self._write_rows(conn, batch, waiters)
+            return
+        self.stats.batches += 1
+        self.stats.written += inserted
+        self.stats.skipped += len(batch) - inserted
+        for _, _, future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    async def _write_rows(
+        self,
+        conn: asyncpg.pool.PoolConnectionProxy,
+        batch: list[ToolCall],
+        waiters: list[_Waiter],
+    ) -> None:
+        refused: set[int] = set()
+        for index, row in enumerate(batch):
+            try:
+                inserted = await tool_calls_db.write_batch(conn, [row])
+            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+                refused.add(index)
+                self.stats.rejected += 1
+                log.error("tool call refused by PostgreSQL and dropped: %s (%r)", exc, row)
+                continue
+            self.stats.written += inserted
+            self.stats.skipped += 1 - inserted
+        for start, end, future in waiters:
+            if not future.done():
+                if any(start <= i < end for i in refused):
+                    future.set_exception(RowsRejected("PostgreSQL refused some tool calls"))
+                else:
+                    future.set_result(None)
+
+    def _fail_waiters(self, exc: Exception) -> None:
+        for _, _, future in [*self._waiters, *self._retry_waiters]:
+            if not future.done():
+                future.set_exception(exc)
+        self._waiters, self._retry_waiters = [], []

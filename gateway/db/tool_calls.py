@@ -1,0 +1,288 @@
+"""SQL for the tool call log: the batched write with its hourly rollups, and the filtered list."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from gateway.db.types import Connection, Executor
+
+# The order of a ToolCall record (gateway.calllog) and of the COPY.
+COLUMNS = (
+    "id",
+    "workspace_id",
+    "server_id",
+    "tool_name",
+    "caller_agent",
+    "status",
+    "duration_ms",
+    "input_tokens",
+    "output_tokens",
+    "output_size_bytes",
+    "error_message",
+    "created_at",
+)
+
+# Once per connection: rows are COPied here first, so a batch never fails as a whole on a row
+# whose server was deleted meanwhile (the join drops it) or that an earlier, ambiguous commit
+# already stored (ON CONFLICT drops it; ids are assigned before the first attempt).
+_STAGING = """
+CREATE TEMP TABLE IF NOT EXISTS tool_calls_staging (LIKE tool_calls) ON COMMIT DELETE ROWS
+"""
+
+_COLUMN_LIST = ", ".join(COLUMNS)
+
+# One statement: move staged rows that still have their server into tool_calls, and add exactly
+# the rows inserted to the hourly rollups. Rollup keys are upserted in key order, so two gateway
+# processes writing the same hour cannot deadlock. Returns how many rows were inserted.
+# {conflict} is empty on a batch's first attempt (its ids are new; a plain insert is much cheaper
+# than a speculative one) and skips ids already stored when the batch is retried.
+_MOVE_STAGED = """
+WITH inserted AS (
+    INSERT INTO tool_calls ({columns})
+    SELECT {staged}
+    FROM tool_calls_staging AS st
+    JOIN servers AS s ON s.id = st.server_id AND s.workspace_id = st.workspace_id
+    {conflict}
+    RETURNING workspace_id, server_id, tool_name, status, duration_ms, created_at
+), by_bucket AS (
+    SELECT workspace_id, server_id, tool_name,
+           date_trunc('hour', created_at, 'UTC') AS hour,
+           latency_bucket(duration_ms) AS bucket,
+           count(*) AS calls,
+           count(*) FILTER (WHERE status = 'error') AS errors,
+           count(duration_ms) AS timed,
+           coalesce(sum(duration_ms), 0) AS duration_sum
+    FROM inserted
+    GROUP BY 1, 2, 3, 4, 5
+), rolled AS (
+    INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, call_count,
+                                      error_count, duration_count, duration_sum_ms,
+                                      latency_histogram)
+    SELECT workspace_id, server_id, tool_name, hour,
+           sum(calls)::bigint, sum(errors)::bigint, sum(timed)::bigint, sum(duration_sum)::bigint,
+           coalesce(histogram_of(array_agg(bucket) FILTER (WHERE bucket IS NOT NULL),
+                                 array_agg(calls) FILTER (WHERE bucket IS NOT NULL)), '{{}}')
+    FROM by_bucket
+    GROUP BY workspace_id, tool_name, server_id, hour
+    ORDER BY workspace_id, tool_name, server_id, hour
+    ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
+        call_count = h.call_count + excluded.call_count,
+        error_count = h.error_count + excluded.error_count,
+        duration_count = h.duration_count + excluded.duration_count,
+        duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
+        latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM rolled) AS hours
+"""
+_COLUMN_REFS = ", ".join(f"st.{c}" for c in COLUMNS)
+_FIRST_ATTEMPT = _MOVE_STAGED.format(columns=_COLUMN_LIST, staged=_COLUMN_REFS, conflict="")
+_RETRY = _MOVE_STAGED.format(
+    columns=_COLUMN_LIST, staged=_COLUMN_REFS, conflict="ON CONFLICT (id) DO NOTHING"
+)
+
+
+async def write_batch(
+    conn: Connection, records: Sequence[tuple[Any, ...]], *, retry: bool = True
+) -> int:
+    """Store records (in COLUMNS order) and their rollups in one transaction; returns how many
+    were new (rows of deleted servers are skipped, and with `retry` rows already stored)."""
+    async with conn.transaction():
+        await conn.execute(_STAGING)
+        await conn.copy_records_to_table("tool_calls_staging", records=records, columns=COLUMNS)
+        inserted: int = await conn.fetchval(_RETRY if retry else _FIRST_ATTEMPT)
+    return inserted
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    server_id: uuid.UUID | None = None
+    # Case-insensitive substring of the tool name.
+    tool_name: str | None = None
+    caller_agent: str | None = None
+    status: str | None = None
+    # Both bounds inclusive.
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+_ITEM_COLUMNS = """
+c.id, c.server_id, s.name AS server_name, c.tool_name, c.caller_agent, c.status, c.duration_ms,
+c.input_tokens, c.output_tokens, c.output_size_bytes, c.error_message, c.created_at
+"""
+
+_NEWEST_FIRST = "ORDER BY created_at DESC, id DESC"
+
+# Tool names come from the rollups (a few rows per tool and hour, not one per call), so a
+# substring filter turns into equality on the (workspace, tool, time) index.
+_MATCHING_TOOLS = """
+SELECT DISTINCT tool_name FROM tool_call_hourly
+WHERE workspace_id = $1 AND tool_name ILIKE $2 ESCAPE '\\'
+"""
+
+
+class _Sql:
+    """Positional parameters for a statement assembled from optional conditions."""
+
+    def __init__(self) -> None:
+        self.args: list[Any] = []
+
+    def param(self, value: Any) -> str:
+        self.args.append(value)
+        return f"${len(self.args)}"
+
+
+def _like_pattern(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _raw_conditions(sql: _Sql, workspace: str, filters: Filters, tools: str | None) -> list[str]:
+    conditions = [f"workspace_id = {workspace}"]
+    if filters.server_id is not None:
+        conditions.append(f"server_id = {sql.param(filters.server_id)}")
+    if tools is not None:
+        conditions.append(f"tool_name = {tools}")
+    if filters.caller_agent is not None:
+        conditions.append(f"caller_agent = {sql.param(filters.caller_agent)}")
+    if filters.status is not None:
+        conditions.append(f"status = {sql.param(filters.status)}")
+    return conditions
+
+
+async def list_tool_calls(
+    db: Executor, workspace_id: uuid.UUID, filters: Filters, limit: int, offset: int
+) -> dict[str, Any]:
+    """{"items": newest first, "total": exact count of every matching call}."""
+    tool_names: list[str] | None = None
+    if filters.tool_name is not None:
+        rows = await db.fetch(_MATCHING_TOOLS, workspace_id, _like_pattern(filters.tool_name))
+        tool_names = [row["tool_name"] for row in rows]
+        if not tool_names:
+            return {"items": [], "total": 0}
+    items = await _items(db, workspace_id, filters, tool_names, limit, offset)
+    if offset == 0 and len(items) < limit:
+        total = len(items)  # the page holds everything
+    else:
+        total = await _count(db, workspace_id, filters, tool_names)
+    return {"items": items, "total": total}
+
+
+async def _items(
+    db: Executor,
+    workspace_id: uuid.UUID,
+    filters: Filters,
+    tool_names: list[str] | None,
+    limit: int,
+    offset: int,
+) -> list[dict[str, Any]]:
+    sql = _Sql()
+    workspace = sql.param(workspace_id)
+    several = tool_names is not None and len(tool_names) > 1
+    tools = None
+    if tool_names is not None:
+        tools = "n.name" if several else sql.param(tool_names[0])
+    conditions = _raw_conditions(sql, workspace, filters, tools)
+    if filters.start is not None:
+        conditions.append(f"created_at >= {sql.param(filters.start)}")
+    if filters.end is not None:
+        conditions.append(f"created_at <= {sql.param(filters.end)}")
+    where = " AND ".join(conditions)
+    limit_p, offset_p = sql.param(limit), sql.param(offset)
+    if several:
+        # One ordered index scan per matching tool, merged: never a sort of all their calls.
+        names = sql.param(tool_names)
+        page = f"""
+            SELECT per_tool.* FROM unnest({names}::text[]) AS n (name)
+            CROSS JOIN LATERAL (
+                SELECT * FROM tool_calls WHERE {where} {_NEWEST_FIRST}
+                LIMIT {limit_p}::bigint + {offset_p}::bigint
+            ) AS per_tool
+            {_NEWEST_FIRST} LIMIT {limit_p} OFFSET {offset_p}
+        """
+    else:
+        page = (
+            f"SELECT * FROM tool_calls WHERE {where} {_NEWEST_FIRST} "
+            f"LIMIT {limit_p} OFFSET {offset_p}"
+        )
+    statement = f"""
+        SELECT {_ITEM_COLUMNS} FROM ({page}) AS c JOIN servers AS s ON s.id = c.server_id
+        ORDER BY c.created_at DESC, c.id DESC
+    """
+    return [dict(row) for row in await db.fetch(statement, *sql.args)]
+
+
+def _floor_hour(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _ceil_hour(moment: datetime) -> datetime:
+    floor = _floor_hour(moment)
+    return floor if floor == moment else floor + timedelta(hours=1)
+
+
+async def _count(
+    db: Executor, workspace_id: uuid.UUID, filters: Filters, tool_names: list[str] | None
+) -> int:
+    """Exact, without counting millions of rows: whole hours come from the rollups (written in
+    the same transactions as the calls), only the partial hours at the edges of the range are
+    counted row by row. A caller_agent filter is not in the rollups: then rows are counted."""
+    sql = _Sql()
+    workspace = sql.param(workspace_id)
+    tools = None if tool_names is None else f"ANY({sql.param(tool_names)}::text[])"
+    raw_where: list[str] = []
+
+    def raw_count(low: datetime | None, high: datetime | None, high_inclusive: bool) -> str:
+        if not raw_where:  # parameters only for statements that use them
+            raw_where.extend(_raw_conditions(sql, workspace, filters, tools))
+        where = list(raw_where)
+        if low is not None:
+            where.append(f"created_at >= {sql.param(low)}")
+        if high is not None:
+            where.append(f"created_at {'<=' if high_inclusive else '<'} {sql.param(high)}")
+        return f"(SELECT count(*) FROM tool_calls WHERE {' AND '.join(where)})"
+
+    start, end = filters.start, filters.end
+    first_full = None if start is None else _ceil_hour(start)
+    after_full = None if end is None else _floor_hour(end)
+    if filters.caller_agent is not None or (
+        first_full is not None and after_full is not None and first_full > after_full
+    ):
+        parts = [raw_count(start, end, True)]  # not in the rollups, or within one hour
+    else:
+        rollup = [f"workspace_id = {workspace}"]
+        if filters.server_id is not None:
+            rollup.append(f"server_id = {sql.param(filters.server_id)}")
+        if tools is not None:
+            rollup.append(f"tool_name = {tools}")
+        if first_full is not None:
+            rollup.append(f"hour >= {sql.param(first_full)}")
+        if after_full is not None:
+            rollup.append(f"hour < {sql.param(after_full)}")
+        counted = {
+            None: "call_count",
+            "error": "error_count",
+            "success": "call_count - error_count",
+        }[filters.status]
+        parts = [
+            f"(SELECT coalesce(sum({counted}), 0) FROM tool_call_hourly "
+            f"WHERE {' AND '.join(rollup)})"
+        ]
+        if start is not None and first_full is not None and start < first_full:
+            parts.append(raw_count(start, first_full, False))
+        if end is not None:
+            parts.append(raw_count(after_full, end, True))
+    total: int = await db.fetchval(f"SELECT ({' + '.join(parts)})::bigint", *sql.args)
+    return total
+
+
+async def server_names(db: Executor, server_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
+    rows = await db.fetch("SELECT id, name FROM servers WHERE id = ANY($1)", list(server_ids))
+    return {row["id"]: row["name"] for row in rows}

@@ -1,0 +1,352 @@
+"""The transparent MCP proxy: the hot path from agents to their upstream servers.
+
+Per request: the caller is authenticated and the server looked up from in-process caches, the
+body is forwarded byte for byte with the MCP headers (the caller's credentials replaced by the
+server's), and the upstream status, headers and body are streamed back as they arrive. Each
+`tools/call` in the body becomes one entry of the call log, queued without waiting.
+
+CORS: the proxy answers any origin (`Access-Control-Allow-Origin: *`). That opens nothing: the
+gateway authenticates by header only (X-API-Key or a bearer token), never by cookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.api.routing import API_PREFIX, Routes
+from gateway.auth import PRINCIPAL, USE, Access
+from gateway.calllog import ToolCall, clean_text, uuid7
+from gateway.errors import BadGateway, GatewayTimeout, NotFound, PayloadTooLarge
+from gateway.keys import CALL_LOG, HTTP, SETTINGS, UPSTREAMS
+from gateway.upstreams import Upstream
+
+log = logging.getLogger(__name__)
+
+routes = Routes("proxy")
+
+PROXY_PATH = "/proxy/{server_id}/mcp"
+_PROXY_PREFIX = f"{API_PREFIX}/proxy/"
+
+# Request headers sent upstream (plus every Mcp-Param-*); everything else stays here: hop-by-hop
+# headers, Host, Content-Length, Origin, and the caller's Authorization, X-API-Key and Cookie.
+_FORWARD = frozenset(
+    {
+        "accept",
+        "content-type",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "last-event-id",
+        "mcp-method",
+        "mcp-name",
+        "traceparent",
+        "tracestate",
+        "user-agent",
+    }
+)
+_FORWARD_PREFIX = "mcp-param-"
+# Response headers passed back. Content-Encoding too: should an upstream compress although we
+# ask for identity, the bytes are passed through unchanged and must stay labelled.
+_PASS_BACK = (
+    "Content-Type",
+    "Content-Encoding",
+    "Mcp-Session-Id",
+    "Cache-Control",
+    "Allow",
+    "Retry-After",
+)
+# aiohttp would add its own; a transparent proxy sends only what the caller sent.
+_SKIP_AUTO_HEADERS = frozenset({"User-Agent", "Accept"})
+
+_TOOLS_CALL = "tools/call"
+_MAX_TOOL_NAME = 255
+_UNNAMED_TOOL = "(unnamed)"
+# How often an idle server-initiated (GET) stream checks that its client is still there.
+_CLIENT_CHECK_SECONDS = 15.0
+
+_CORS_ALLOW_HEADERS = (
+    "Authorization, X-API-Key, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, "
+    "Mcp-Method, Mcp-Name, Last-Event-ID, X-Caller-Agent, traceparent, tracestate"
+)
+_CORS_EXPOSE_HEADERS = "Mcp-Session-Id, Retry-After, Allow"
+
+
+def tool_calls_in(body: bytes) -> list[str]:
+    """The tool name of each `tools/call` in a JSON-RPC message or batch, [] for anything else.
+
+    Bodies that cannot contain the method name are not parsed at all.
+    """
+    if b"tools/call" not in body and b"tools\\/call" not in body:
+        return []
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return []
+    if isinstance(message, dict):
+        return [_tool_name(message)] if message.get("method") == _TOOLS_CALL else []
+    if isinstance(message, list):
+        return [
+            _tool_name(m) for m in message if isinstance(m, dict) and m.get("method") == _TOOLS_CALL
+        ]
+    return []
+
+
+def _tool_name(message: dict[str, object]) -> str:
+    params = message.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    if not isinstance(name, str) or not name:
+        return _UNNAMED_TOOL
+    return clean_text(name[:_MAX_TOOL_NAME]) or _UNNAMED_TOOL
+
+
+def upstream_headers(
+    incoming: CIMultiDictProxy[str], auth_headers: dict[str, str]
+) -> CIMultiDict[str]:
+    named_by_connection = set()
+    connection = incoming.get("Connection")
+    if connection:
+        named_by_connection = {token.strip().lower() for token in connection.split(",")}
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in incoming.items():
+        lowered = name.lower()
+        if (
+            lowered in _FORWARD or lowered.startswith(_FORWARD_PREFIX)
+        ) and lowered not in named_by_connection:
+            headers.add(name, value)
+    headers["Accept-Encoding"] = "identity"
+    headers.update(auth_headers)
+    return headers
+
+
+class _Outcome:
+    """How a proxied exchange ended, for the call log."""
+
+    __slots__ = ("error", "size", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.size = 0
+        self.error: str | None = None
+
+
+@routes.route(
+    "POST",
+    PROXY_PATH,
+    summary="Forward an MCP request to a registered server",
+    access=USE,
+    errors=(404, 413, 502, 504),
+)
+@routes.route(
+    "GET",
+    PROXY_PATH,
+    summary="Open the server-initiated SSE stream of an MCP session",
+    access=USE,
+    errors=(404, 502, 504),
+)
+@routes.route(
+    "DELETE",
+    PROXY_PATH,
+    summary="End an MCP session on the server",
+    access=USE,
+    errors=(404, 502, 504),
+)
+async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamResponse:
+    """Transparent streamable-HTTP proxy: the request is forwarded unchanged (with the server's
+    stored credentials instead of yours) and the server's status, MCP headers and body come back
+    unchanged, SSE streamed event by event. Every `tools/call` (also inside a JSON-RPC batch) is
+    logged as a tool call; `X-Caller-Agent` names the caller. An unreachable server is 502, one
+    that does not answer within GATEWAY_PROXY_TIMEOUT_SECONDS 504 (a stream that keeps sending
+    is never cut; one silent for that long is)."""
+    started = time.perf_counter()
+    app = request.app
+    workspace_id = request[PRINCIPAL].workspace_id
+    upstream = await app[UPSTREAMS].get(server_id, workspace_id)
+    if upstream is None:
+        raise NotFound("server not found")
+    settings = app[SETTINGS]
+    body = b""
+    if request.body_exists:
+        if (request.content_length or 0) > settings.max_body_bytes:
+            raise PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes")
+        body = await request.read()
+    tools = tool_calls_in(body) if body else []
+    outcome = _Outcome()
+    try:
+        return await _exchange(request, upstream, body, outcome)
+    finally:
+        if tools:
+            _record(request, upstream, tools, outcome, started)
+
+
+async def _exchange(
+    request: web.Request, upstream: Upstream, body: bytes, outcome: _Outcome
+) -> web.StreamResponse:
+    app = request.app
+    timeout_seconds = app[SETTINGS].proxy_timeout_seconds
+    is_get = request.method == "GET"
+    try:
+        reply = await app[HTTP].request(
+            request.method,
+            upstream.url,
+            data=body or None,
+            headers=upstream_headers(request.headers, upstream.auth_headers),
+            skip_auto_headers=_SKIP_AUTO_HEADERS,
+            allow_redirects=False,
+            # Silence is bounded, not length: a stream may send for as long as it likes. A GET
+            # stream (server-initiated messages) may even be silent: see _pump.
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                sock_connect=timeout_seconds,
+                sock_read=None if is_get else timeout_seconds,
+            ),
+        )
+    except TimeoutError:
+        outcome.error = f"upstream timed out after {timeout_seconds:g} s"
+        raise GatewayTimeout(outcome.error) from None
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        outcome.error = f"upstream unreachable: {_describe(exc)}"
+        raise BadGateway(outcome.error) from None
+    async with reply:
+        outcome.status = reply.status
+        response = web.StreamResponse(status=reply.status, reason=reply.reason)
+        for name in _PASS_BACK:
+            value = reply.headers.get(name)
+            if value is not None:
+                response.headers[name] = value
+        if reply.content_type == "text/event-stream":
+            response.headers["X-Accel-Buffering"] = "no"
+        elif reply.content_length is not None:
+            response.content_length = reply.content_length
+        await response.prepare(request)
+        try:
+            await _pump(request, reply, response, outcome, timeout_seconds, is_get)
+            await response.write_eof()
+        except ConnectionError:
+            if outcome.error is None:
+                outcome.error = "the client went away before the end of the response"
+    return response
+
+
+async def _pump(
+    request: web.Request,
+    reply: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    outcome: _Outcome,
+    timeout_seconds: float,
+    is_get: bool,
+) -> None:
+    """Copy the body chunk by chunk as it arrives. When the upstream fails mid-body the client's
+    connection is closed, so it sees a truncated response rather than a complete-looking one."""
+    content = reply.content
+    try:
+        if not is_get:
+            async for chunk in content.iter_any():
+                outcome.size += len(chunk)
+                await response.write(chunk)
+            return
+        while True:
+            try:
+                async with asyncio.timeout(_CLIENT_CHECK_SECONDS):
+                    chunk = await content.readany()
+            except TimeoutError:
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    raise ConnectionResetError("client went away") from None
+                continue
+            if not chunk:
+                return
+            outcome.size += len(chunk)
+            await response.write(chunk)
+    except TimeoutError:
+        outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
+    except (aiohttp.ClientError, OSError) as exc:
+        if isinstance(exc, ConnectionError) and not isinstance(exc, aiohttp.ClientError):
+            raise  # our client went away
+        outcome.error = f"upstream broke off the response: {_describe(exc)}"
+    log.warning("proxy to %s: %s", reply.url, outcome.error)
+    if request.transport is not None:
+        request.transport.close()
+    raise ConnectionResetError(outcome.error)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        reason = exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
+        return f"cannot connect to {exc.host}:{exc.port}: {reason}"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _record(
+    request: web.Request,
+    upstream: Upstream,
+    tools: list[str],
+    outcome: _Outcome,
+    started: float,
+) -> None:
+    duration_ms = round((time.perf_counter() - started) * 1000)
+    error = outcome.error
+    ok = 200 <= outcome.status < 300 and error is None
+    if error is None and not ok:
+        error = f"upstream answered HTTP {outcome.status}"
+    status = "success" if ok else "error"
+    caller = clean_text(request.headers.get("X-Caller-Agent"))
+    created_at = datetime.now(UTC)
+    call_log = request.app[CALL_LOG]
+    for name in tools:
+        call_log.add(
+            ToolCall(
+                uuid7(),
+                upstream.workspace_id,
+                upstream.id,
+                name,
+                caller,
+                status,
+                duration_ms,
+                None,
+                None,
+                outcome.size,
+                error,
+                created_at,
+            )
+        )
+
+
+@routes.route(
+    "OPTIONS",
+    PROXY_PATH,
+    summary="CORS preflight for browser MCP clients",
+    # Browsers send preflights without credentials.
+    access=Access(authenticated=False, api_key=True),
+    status=204,
+)
+async def preflight(request: web.Request, server_id: uuid.UUID) -> web.Response:
+    requested = request.headers.get("Access-Control-Request-Headers")
+    return web.Response(
+        status=204,
+        headers={
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+            # Echoed, so the caller's Mcp-Param-* headers are allowed too.
+            "Access-Control-Allow-Headers": requested or _CORS_ALLOW_HEADERS,
+            "Access-Control-Max-Age": "86400",
+        },
+    )
+
+
+async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    # Every response of the proxy routes, errors included, so a browser can read them.
+    if "Origin" in request.headers and request.path.startswith(_PROXY_PREFIX):
+        response.headers["Access-Control-Allow-Origin"] = "*"
+        response.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE_HEADERS
+
+
+def setup_cors(app: web.Application) -> None:
+    app.on_response_prepare.append(_cors_headers)

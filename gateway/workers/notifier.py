@@ -1,0 +1,265 @@
+"""Sending alert notifications from the outbox (alert_deliveries), with retries and backoff.
+
+The evaluator writes a delivery row in the same transaction as its event and only wakes this
+loop, so a slow or failing receiver never holds up evaluation, and a notification not yet sent
+when the process stops is sent by whichever process runs next. Each attempt is recorded (status
+code or error) for GET /alerts/events/{id}/deliveries. Delivery is at least once: a process
+that dies between sending and recording leaves the row to be sent again after its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+
+from gateway.config import Settings
+from gateway.db import alert_deliveries as deliveries_db
+from gateway.db.alert_deliveries import Attempt, DueDelivery
+from gateway.db.alert_evaluation import DueRule, Notification
+
+log = logging.getLogger(__name__)
+
+# Deliveries sent concurrently per round; also the claim size.
+BATCH = 20
+# A backstop for deliveries queued by other processes (this process's evaluator wakes the loop).
+POLL_SECONDS = 5.0
+MIN_SLEEP_SECONDS = 0.02
+# How much of an error response body an attempt keeps.
+ERROR_BODY_CHARS = 300
+USER_AGENT = "mcp-gateway-alerts"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryPolicy:
+    timeout_seconds: float = 10.0
+    max_attempts: int = 8
+    # The wait after the first failure; it doubles after each further one, up to max_backoff.
+    backoff_seconds: float = 15.0
+    max_backoff_seconds: float = 3600.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DeliveryPolicy:
+        return cls(
+            timeout_seconds=settings.alert_webhook_timeout_seconds,
+            max_attempts=settings.alert_webhook_max_attempts,
+            backoff_seconds=settings.alert_webhook_backoff_seconds,
+        )
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.timeout_seconds + 60.0
+
+    def retry_in(self, attempts_made: int) -> float:
+        return min(self.backoff_seconds * 2.0 ** (attempts_made - 1), self.max_backoff_seconds)
+
+
+# -- payloads ----------------------------------------------------------------------------------
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.astimezone(UTC).isoformat()
+
+
+def rule_document(rule: DueRule) -> dict[str, Any]:
+    """The rule as GET /alerts/rules shows it."""
+    return {
+        "id": str(rule.id),
+        "name": rule.name,
+        "server_id": None if rule.server_id is None else str(rule.server_id),
+        "metric": rule.metric,
+        "operator": rule.operator,
+        "threshold": rule.threshold,
+        "window_minutes": rule.window_minutes,
+        "slack_webhook_url": rule.slack_webhook_url,
+        "webhook_url": rule.webhook_url,
+        "enabled": rule.enabled,
+        "created_at": _iso(rule.created_at),
+        "updated_at": _iso(rule.updated_at),
+    }
+
+
+def event_document(
+    rule: DueRule,
+    server_id: Any,
+    server_name: str,
+    event_type: str,
+    metric_value: float,
+    event: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The event as GET /alerts/events shows it; `event` is its row (id, fired_at, resolved_at)."""
+    return {
+        "id": str(event["id"]),
+        "rule_id": str(rule.id),
+        "rule_name": rule.name,
+        "server_id": str(server_id),
+        "server_name": server_name,
+        "event_type": event_type,
+        "metric_value": metric_value,
+        "fired_at": _iso(event["fired_at"]),
+        "resolved_at": _iso(event["resolved_at"]),
+    }
+
+
+def _number(value: float) -> str:
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6g}"
+
+
+def _slack_escape(text: str) -> str:
+    # Slack's mrkdwn reads these three as control characters.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_text(rule: DueRule, event: Mapping[str, Any]) -> str:
+    """One line, e.g. `[FIRING] High errors on "billing": error_rate is 0.25 (threshold > 0.1,
+    last 5 min) in workspace Acme`."""
+    line = (
+        f'[{event["event_type"]}] {rule.name} on "{event["server_name"]}": '
+        f"{rule.metric} is {_number(event['metric_value'])} "
+        f"(threshold {rule.operator} {_number(rule.threshold)}, last {rule.window_minutes} min) "
+        f"in workspace {rule.workspace_name}"
+    )
+    return _slack_escape(line)
+
+
+def notifications(rule: DueRule, event: dict[str, Any]) -> list[Notification]:
+    """What to send, and where, for an event (the output of event_document)."""
+    queued = []
+    if rule.webhook_url is not None:
+        payload = {
+            "event": event,
+            "rule": rule_document(rule),
+            "workspace": {"id": str(rule.workspace_id), "name": rule.workspace_name},
+        }
+        queued.append(Notification("webhook", rule.webhook_url, payload))
+    if rule.slack_webhook_url is not None:
+        queued.append(
+            Notification("slack", rule.slack_webhook_url, {"text": slack_text(rule, event)})
+        )
+    return queued
+
+
+# -- sending -----------------------------------------------------------------------------------
+
+
+async def _post(
+    http: aiohttp.ClientSession, delivery: DueDelivery, timeout_seconds: float
+) -> Attempt:
+    attempted_at = datetime.now(UTC)
+    started = time.perf_counter()
+    status_code: int | None = None
+    error: str | None = None
+    try:
+        async with http.post(
+            delivery.url,
+            data=orjson.dumps(delivery.payload),
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": USER_AGENT,
+                # Lets a receiver drop the duplicate of an at-least-once delivery.
+                "X-Alert-Delivery-Id": str(delivery.id),
+            },
+            timeout=aiohttp.ClientTimeout(total=timeout_seconds),
+            # A redirect would turn the POST into a GET elsewhere: report it instead.
+            allow_redirects=False,
+        ) as response:
+            status_code = response.status
+            if not 200 <= status_code < 300:
+                body = await response.content.read(ERROR_BODY_CHARS)
+                text = body.decode(errors="replace").strip()
+                error = f"HTTP {status_code}" + (f": {text}" if text else "")
+    except TimeoutError:
+        error = f"timed out after {timeout_seconds:g} s"
+    except aiohttp.ClientError as exc:
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    duration_ms = (time.perf_counter() - started) * 1000
+    return Attempt(attempted_at, duration_ms, status_code, error)
+
+
+async def _deliver(
+    pool: asyncpg.Pool,
+    http: aiohttp.ClientSession,
+    policy: DeliveryPolicy,
+    delivery: DueDelivery,
+) -> None:
+    attempt = await _post(http, delivery, policy.timeout_seconds)
+    number = delivery.attempt_count + 1
+    if attempt.delivered:
+        status, retry_in = "delivered", 0.0
+    elif number >= policy.max_attempts:
+        status, retry_in = "failed", 0.0
+        log.warning(
+            "giving up on alert notification %s to %s after %d attempts: %s",
+            delivery.id,
+            delivery.target,
+            number,
+            attempt.error,
+            extra={"delivery_id": str(delivery.id)},
+        )
+    else:
+        status, retry_in = "pending", policy.retry_in(number)
+        log.info(
+            "alert notification %s to %s failed (attempt %d), retry in %.3g s: %s",
+            delivery.id,
+            delivery.target,
+            number,
+            retry_in,
+            attempt.error,
+            extra={"delivery_id": str(delivery.id)},
+        )
+    await deliveries_db.record_attempt(pool, delivery.id, number, attempt, status, retry_in)
+
+
+async def deliver_due(
+    pool: asyncpg.Pool, http: aiohttp.ClientSession, policy: DeliveryPolicy
+) -> int:
+    """Send every delivery that is due now; returns how many attempts were made."""
+    attempted = 0
+    while True:
+        due = await deliveries_db.claim_due(pool, policy.lease_seconds, BATCH)
+        if not due:
+            return attempted
+        results = await asyncio.gather(
+            *(_deliver(pool, http, policy, d) for d in due), return_exceptions=True
+        )
+        for delivery, result in zip(due, results, strict=True):
+            if isinstance(result, Exception):
+                # Unrecorded: the lease runs out and the delivery is tried again.
+                log.error("alert notification %s: %s", delivery.id, result, exc_info=result)
+        attempted += len(due)
+
+
+async def run_notifier(
+    pool: asyncpg.Pool,
+    http: aiohttp.ClientSession,
+    policy: DeliveryPolicy,
+    wakeup: asyncio.Event,
+) -> None:
+    """Runs until cancelled: sends what is due, then sleeps until the next retry is due, the
+    evaluator queues something (wakeup), or POLL_SECONDS pass."""
+    while True:
+        delay = POLL_SECONDS
+        try:
+            await deliver_due(pool, http, policy)
+            seconds = await deliveries_db.seconds_to_next(pool)
+            if seconds is not None:
+                # The floor: a row due now is held by another process's claim for a moment.
+                delay = min(max(seconds, MIN_SLEEP_SECONDS), POLL_SECONDS)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("alert notifier: database unavailable, will retry: %s", exc)
+        except Exception:
+            log.exception("alert notifier round failed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wakeup.wait(), delay)
+        wakeup.clear()

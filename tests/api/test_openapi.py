@@ -1,0 +1,189 @@
+"""The OpenAPI document: valid 3.1, complete, served with a docs page; and the contract checker
+that holds every test response to it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from cryptography.fernet import Fernet
+from openapi_spec_validator import OpenAPIV31SpecValidator, validate
+
+from gateway.api.models import Out
+from gateway.api.openapi import DOCS_STATIC, build_document
+from gateway.api.routing import API_PREFIX, Routes, mount
+from gateway.app import create_app
+from gateway.auth import PUBLIC
+from gateway.config import Settings
+from gateway.errors import NotFound, error_middleware
+from gateway.keys import OPENAPI_DOCUMENT
+from tests.contract import ContractChecker
+from tests.support import Api
+
+ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
+
+
+@pytest.fixture(scope="module")
+def app() -> web.Application:
+    """Built, never started: the document needs no database."""
+    settings = Settings(
+        database_url="postgresql://localhost/unused",
+        jwt_secret="x" * 40,
+        secret_keys=(Fernet.generate_key().decode(),),
+    )
+    return create_app(settings)
+
+
+@pytest.fixture(scope="module")
+def document(app: web.Application) -> dict[str, Any]:
+    return app[OPENAPI_DOCUMENT]
+
+
+def test_the_document_is_valid_openapi_3_1(document: dict[str, Any]) -> None:
+    assert document["openapi"] == "3.1.0"
+    assert document["info"]["title"] == "mcp-gateway"
+    validate(document, cls=OpenAPIV31SpecValidator)
+
+
+def test_the_document_lists_every_api_route_of_the_app(
+    app: web.Application, document: dict[str, Any]
+) -> None:
+    routed = {
+        (route.method.lower(), route.resource.canonical)
+        for route in app.router.routes()
+        if route.resource is not None
+        and route.resource.canonical.startswith(API_PREFIX)
+        and not route.resource.canonical.startswith(DOCS_STATIC)
+    }
+    documented = {(method, path) for path, item in document["paths"].items() for method in item}
+    assert routed == documented
+    for path in ("/auth/signup", "/auth/me", "/workspaces/{workspace_id}/api-keys/{key_id}"):
+        assert API_PREFIX + path in document["paths"]
+
+
+def test_every_operation_documents_its_parameters_security_and_errors(
+    document: dict[str, Any],
+) -> None:
+    operation_ids = []
+    for path, item in document["paths"].items():
+        placeholders = re.findall(r"{(\w+)}", path)
+        for method, op in item.items():
+            where = f"{method.upper()} {path}"
+            operation_ids.append(op["operationId"])
+            assert op["summary"] and op["tags"], where
+            path_params = [p["name"] for p in op.get("parameters", []) if p["in"] == "path"]
+            assert path_params == placeholders, where
+            responses = op["responses"]
+            if op["security"]:
+                assert "401" in responses, where
+            for status, response in responses.items():
+                if int(status) >= 400:
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/Error"}, where
+    assert len(operation_ids) == len(set(operation_ids))
+    assert document["components"]["schemas"]["Error"]["required"] == ["detail"]
+
+
+def test_auth_and_workspace_operations_say_what_they_need(document: dict[str, Any]) -> None:
+    paths = document["paths"]
+    signup = paths[f"{API_PREFIX}/auth/signup"]["post"]
+    assert signup["security"] == []
+    assert {"201", "400", "403", "422", "429"} <= set(signup["responses"])
+    assert "Retry-After" in signup["responses"]["429"]["headers"]
+    assert paths[f"{API_PREFIX}/auth/me"]["get"]["security"] == [{"bearer": []}]
+    accept = paths[f"{API_PREFIX}/auth/accept-invite/{{token}}"]["post"]
+    assert accept["parameters"][0]["schema"] == {"type": "string"}
+    delete_ws = paths[f"{API_PREFIX}/workspaces/{{workspace_id}}"]["delete"]
+    assert delete_ws["parameters"][0]["schema"] == {"type": "string", "format": "uuid"}
+    assert set(delete_ws["responses"]) == {"204", "400", "401", "403", "404"}
+    assert "owner" in delete_ws["description"]
+    token_response = signup["responses"]["201"]["content"]["application/json"]["schema"]
+    assert token_response == {"$ref": "#/components/schemas/TokenResponse"}
+    token_schema = document["components"]["schemas"]["TokenResponse"]
+    assert set(token_schema["required"]) == {
+        "access_token",
+        "refresh_token",
+        "token_type",
+        "expires_in",
+        "user",
+        "workspace",
+    }
+    member = document["components"]["schemas"]["MemberOut"]
+    assert set(member["properties"]) == {"user_id", "email", "name", "role", "joined_at"}
+
+
+async def test_the_document_and_docs_page_are_served(api: Api) -> None:
+    served = await api.get("/openapi.json", expect=200)
+    assert served.body == api.app[OPENAPI_DOCUMENT]
+    docs = await api.get("/docs", expect=200)
+    assert docs.headers["Content-Type"].startswith("text/html")
+    assert "SwaggerUIBundle" in docs.body
+    assert f"{API_PREFIX}/openapi.json" in docs.body
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        assert f"{DOCS_STATIC}/{asset}" in docs.body
+        reply = await api.get(f"{DOCS_STATIC}/{asset}", expect=200)
+        assert len(reply.body) > 1000
+
+
+# -- the contract checker itself ------------------------------------------------------------
+
+
+class Thing(Out):
+    id: int
+    name: str
+
+
+_broken = Routes("broken")
+
+
+@_broken.get("/thing", summary="returns a field of the wrong type", access=PUBLIC, response=Thing)
+async def wrong_type(request: web.Request) -> dict[str, Any]:
+    return {"id": "seven", "name": "x"}
+
+
+@_broken.get("/extra", summary="returns an undocumented field", access=PUBLIC, response=Thing)
+async def extra_field(request: web.Request) -> dict[str, Any]:
+    return {"id": 7, "name": "x", "secret": "leaked"}
+
+
+@_broken.get("/missing", summary="answers an undocumented 404", access=PUBLIC, response=Thing)
+async def undocumented_status(request: web.Request) -> dict[str, Any]:
+    raise NotFound("no such thing")
+
+
+@_broken.get("/fine", summary="answers as documented", access=PUBLIC, response=Thing)
+async def fine(request: web.Request) -> dict[str, Any]:
+    return {"id": 7, "name": "x"}
+
+
+@_broken.get("/crash", summary="raises", access=PUBLIC, response=Thing)
+async def crash(request: web.Request) -> dict[str, Any]:
+    raise RuntimeError("boom")
+
+
+async def test_the_contract_checker_catches_responses_that_break_the_document(
+    aiohttp_client: ClientFactory,
+) -> None:
+    app = web.Application(middlewares=[error_middleware])
+    app[OPENAPI_DOCUMENT] = build_document(mount(app, [_broken]), "test")
+    checker = ContractChecker(app)
+    app.middlewares.insert(0, checker.middleware)
+    client = await aiohttp_client(app)
+
+    for path in ("fine", "thing", "extra", "missing", "crash"):
+        async with client.get(f"{API_PREFIX}/{path}") as response:
+            await response.read()
+
+    violations = "\n".join(checker.violations)
+    assert len(checker.violations) == 4, violations
+    assert "GET /api/v1/thing -> 200: at 'id'" in violations
+    assert "GET /api/v1/extra -> 200" in violations and "secret" in violations
+    assert "GET /api/v1/missing -> 404: status not in the OpenAPI document" in violations
+    assert "GET /api/v1/crash -> 500: server error" in violations
+    assert "/fine" not in violations
+    with pytest.raises(AssertionError, match="responses that break the OpenAPI document"):
+        checker.assert_clean()

@@ -1,0 +1,231 @@
+"""/tool-calls: direct ingestion (single and arrays) and the filtered, exactly counted list."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from tests.support import Account, Api
+from tests.test_proxy import add_server
+
+
+async def workspace_with_server(api: Api, db: asyncpg.Connection) -> tuple[Account, str, str]:
+    owner = await api.signup()
+    key = await api.api_key(owner)
+    server_id = await add_server(api, db, owner, "http://127.0.0.1:9/mcp")
+    return owner, key, server_id
+
+
+def tool_call(server_id: str, **fields: Any) -> dict[str, Any]:
+    return {"server_id": server_id, "tool_name": "search", "status": "success", **fields}
+
+
+async def test_ingest_one_then_read_it(api: Api, db: asyncpg.Connection) -> None:
+    owner, key, server_id = await workspace_with_server(api, db)
+    before = datetime.now(UTC)
+    body = tool_call(
+        server_id,
+        caller_agent="agent-1",
+        duration_ms=120,
+        input_tokens=10,
+        output_tokens=20,
+        output_size_bytes=2048,
+        error_message=None,
+        ignored_field="x",
+    )
+    created = (await api.post("/tool-calls", json=body, auth=key, expect=201)).body
+    server_name = await db.fetchval("SELECT name FROM servers WHERE id = $1", uuid.UUID(server_id))
+    assert created == {
+        "id": created["id"],
+        "server_id": server_id,
+        "server_name": server_name,
+        "tool_name": "search",
+        "caller_agent": "agent-1",
+        "status": "success",
+        "duration_ms": 120,
+        "input_tokens": 10,
+        "output_tokens": 20,
+        "output_size_bytes": 2048,
+        "error_message": None,
+        "created_at": created["created_at"],
+    }
+    assert before <= datetime.fromisoformat(created["created_at"]) <= datetime.now(UTC)
+    # Committed before the 201: read right away, with a token as well as with the key.
+    for auth in (key, owner):
+        listed = await api.get("/tool-calls", auth=auth, expect=200)
+        assert listed.body == {"items": [created], "total": 1}
+
+
+async def test_ingest_arrays_up_to_1000(api: Api, db: asyncpg.Connection) -> None:
+    owner, key, server_id = await workspace_with_server(api, db)
+    member = await api.member(owner, "member")
+    body = [tool_call(server_id, tool_name=f"tool-{i % 10}", duration_ms=i) for i in range(1000)]
+    created = await api.post("/tool-calls", json=body, auth=member, expect=201)
+    assert [item["duration_ms"] for item in created.body["items"]] == list(range(1000))
+    listed = await api.get("/tool-calls", params={"limit": 200}, auth=key, expect=200)
+    assert listed.body["total"] == 1000
+    assert len(listed.body["items"]) == 200
+    assert await db.fetchval("SELECT sum(call_count) FROM tool_call_hourly") == 1000
+    reply = await api.post("/tool-calls", json=[*body, tool_call(server_id)], auth=key, expect=422)
+    assert "at most 1000" in reply.detail
+    await api.post("/tool-calls", json=[], auth=key, expect=422)
+
+
+async def test_ingest_validation(api: Api, db: asyncpg.Connection) -> None:
+    _, key, server_id = await workspace_with_server(api, db)
+    missing = {"server_id": server_id, "status": "success"}
+    assert (await api.post("/tool-calls", json=missing, auth=key, expect=422)).detail == (
+        "body.tool_name: Field required"
+    )
+    batch = [tool_call(server_id), tool_call(server_id, status="ok")]
+    reply = await api.post("/tool-calls", json=batch, auth=key, expect=422)
+    assert reply.detail.startswith("body.1.status:")
+    for field, value in [
+        ("duration_ms", "5"),
+        ("duration_ms", -1),
+        ("server_id", "nope"),
+        ("created_at", "yesterday"),
+        ("tool_name", ""),
+    ]:
+        body = {**tool_call(server_id), field: value}
+        reply = await api.post("/tool-calls", json=body, auth=key, expect=422)
+        assert reply.detail.startswith(f"body.{field}:"), reply.detail
+    await api.post("/tool-calls", data="{not json", auth=key, expect=400)
+    await api.post("/tool-calls", data="42", auth=key, expect=400)
+    await api.post("/tool-calls", data="", auth=key, expect=400)
+    await api.post("/tool-calls", json=tool_call(server_id), expect=401)
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
+
+
+async def test_ingest_only_into_own_servers(api: Api, db: asyncpg.Connection) -> None:
+    _, key, server_id = await workspace_with_server(api, db)
+    _, other_key, other_server = await workspace_with_server(api, db)
+    batch = [tool_call(server_id), tool_call(other_server)]
+    reply = await api.post("/tool-calls", json=batch, auth=key, expect=404)
+    assert reply.detail == f"server {other_server} not found"
+    await api.post("/tool-calls", json=tool_call(str(uuid.uuid4())), auth=key, expect=404)
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
+    await api.post("/tool-calls", json=tool_call(other_server), auth=other_key, expect=201)
+    assert (await api.get("/tool-calls", auth=key, expect=200)).body == {"items": [], "total": 0}
+
+
+async def test_created_at_may_be_supplied(api: Api, db: asyncpg.Connection) -> None:
+    _, key, server_id = await workspace_with_server(api, db)
+    old = tool_call(server_id, created_at="2025-01-02T03:04:05.678+02:00")
+    naive = tool_call(server_id, created_at="2025-01-02T03:04:05")
+    created = await api.post("/tool-calls", json=[old, naive], auth=key, expect=201)
+    stamps = [datetime.fromisoformat(item["created_at"]) for item in created.body["items"]]
+    assert stamps == [
+        datetime(2025, 1, 2, 1, 4, 5, 678000, tzinfo=UTC),
+        datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
+    ]
+    hours = await db.fetch("SELECT hour FROM tool_call_hourly ORDER BY hour")
+    assert [r["hour"] for r in hours] == [
+        datetime(2025, 1, 2, 1, tzinfo=UTC),
+        datetime(2025, 1, 2, 3, tzinfo=UTC),
+    ]
+
+
+async def test_list_filters_order_and_pages(api: Api, db: asyncpg.Connection) -> None:
+    owner, key, server_id = await workspace_with_server(api, db)
+    other_server = await add_server(api, db, owner, "http://127.0.0.1:9/other")
+    base = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    body = [
+        tool_call(server_id, tool_name="Search_Docs", caller_agent="a", created_at=iso(base)),
+        tool_call(
+            server_id,
+            tool_name="fetch",
+            status="error",
+            error_message="boom",
+            created_at=iso(base + timedelta(minutes=1)),
+        ),
+        tool_call(
+            other_server,
+            tool_name="search%",
+            caller_agent="b",
+            created_at=iso(base + timedelta(minutes=2)),
+        ),
+        tool_call(other_server, tool_name="research", created_at=iso(base + timedelta(minutes=3))),
+    ]
+    await api.post("/tool-calls", json=body, auth=key, expect=201)
+
+    async def names(**params: Any) -> tuple[list[str], int]:
+        reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
+        return [item["tool_name"] for item in reply.body["items"]], reply.body["total"]
+
+    assert await names() == (["research", "search%", "fetch", "Search_Docs"], 4)
+    assert await names(server_id=server_id) == (["fetch", "Search_Docs"], 2)
+    assert await names(tool_name="SEARCH") == (["research", "search%", "Search_Docs"], 3)
+    assert await names(tool_name="h%") == (["search%"], 1)  # % is literal
+    assert await names(tool_name="_") == (["Search_Docs"], 1)
+    assert await names(tool_name="nothing") == ([], 0)
+    assert await names(caller_agent="b") == (["search%"], 1)
+    assert await names(status="error") == (["fetch"], 1)
+    assert await names(status="success", server_id=other_server) == (["research", "search%"], 2)
+    start, end = iso(base + timedelta(minutes=1)), iso(base + timedelta(minutes=2))
+    assert await names(start=start, end=end) == (["search%", "fetch"], 2)
+    assert await names(limit=1, offset=1) == (["search%"], 4)
+    assert await names(limit=2, offset=1, tool_name="search") == (["search%", "Search_Docs"], 3)
+    for bad in ({"limit": 201}, {"limit": 0}, {"offset": -1}, {"status": "ok"}, {"start": "x"}):
+        reply = await api.get("/tool-calls", params=bad, auth=key, expect=422)
+        assert reply.detail.startswith(f"query.{next(iter(bad))}"), reply.detail
+    reply = await api.get("/tool-calls", params={"start": end, "end": start}, auth=key, expect=422)
+    assert "end must not be before start" in reply.detail
+    await api.get("/tool-calls", params={"server_id": "x"}, auth=key, expect=422)
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+async def test_total_is_exact_over_hours(api: Api, db: asyncpg.Connection) -> None:
+    """Totals add rollups for whole hours and rows for the partial ones: check against rows."""
+    owner, key, server_id = await workspace_with_server(api, db)
+    other_server = await add_server(api, db, owner, "http://127.0.0.1:9/other")
+    rng = random.Random(11)
+    base = datetime(2026, 6, 1, tzinfo=UTC)
+    body = [
+        tool_call(
+            rng.choice([server_id, other_server]),
+            tool_name=rng.choice(["alpha", "beta", "alphabet"]),
+            status=rng.choice(["success", "error"]),
+            caller_agent=rng.choice([None, "x"]),
+            created_at=iso(base + timedelta(seconds=rng.randrange(6 * 3600))),
+        )
+        for _ in range(600)
+    ]
+    await api.post("/tool-calls", json=body, auth=key, expect=201)
+    for _ in range(25):
+        params: dict[str, Any] = {"limit": 1}
+        conditions = []
+        if rng.random() < 0.7:
+            start = base + timedelta(seconds=rng.randrange(-600, 6 * 3600))
+            params["start"] = iso(start)
+            conditions.append(lambda c, s=start: datetime.fromisoformat(c["created_at"]) >= s)
+        if rng.random() < 0.7:
+            end = base + timedelta(seconds=rng.randrange(0, 7 * 3600))
+            if "start" in params and end < datetime.fromisoformat(params["start"]):
+                end = datetime.fromisoformat(params["start"]) + timedelta(minutes=30)
+            params["end"] = iso(end)
+            conditions.append(lambda c, e=end: datetime.fromisoformat(c["created_at"]) <= e)
+        if rng.random() < 0.4:
+            params["status"] = rng.choice(["success", "error"])
+            conditions.append(lambda c, s=params["status"]: c["status"] == s)
+        if rng.random() < 0.4:
+            needle = rng.choice(["alpha", "BET", "a"])
+            params["tool_name"] = needle
+            lowered = needle.lower()
+            conditions.append(lambda c, t=lowered: t in c["tool_name"].lower())
+        if rng.random() < 0.3:
+            params["server_id"] = server_id
+            conditions.append(lambda c: c["server_id"] == server_id)
+        if rng.random() < 0.2:
+            params["caller_agent"] = "x"
+            conditions.append(lambda c: c.get("caller_agent") == "x")
+        expected = sum(all(check(c) for check in conditions) for c in body)
+        reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
+        assert reply.body["total"] == expected, params

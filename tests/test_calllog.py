@@ -1,0 +1,350 @@
+"""The call log writer on real PostgreSQL: batches, rollups, histograms, bounds, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway.calllog import (
+    CallLog,
+    RowsRejected,
+    ToolCall,
+    bucket_bounds,
+    bucket_value,
+    latency_bucket,
+    merge,
+    percentile,
+    uuid7,
+)
+from gateway.db import tool_calls as tool_calls_db
+from gateway.db.pool import create_pool
+from gateway.errors import ServiceUnavailable
+from gateway.keys import CALL_LOG
+from tests.support import Api
+from tests.test_proxy import add_server, call, recorder
+
+AppFactory = Callable[..., Awaitable[Api]]
+
+
+# -- histogram buckets -------------------------------------------------------------------------
+
+
+def test_buckets_are_within_one_percent() -> None:
+    assert [latency_bucket(ms) for ms in range(50)] == list(range(50))
+    previous = 49
+    for bucket in range(50, 940):
+        low, high = bucket_bounds(bucket)
+        value = bucket_value(bucket)
+        if low > high:  # a bucket narrower than 1 ms holds no integer
+            continue
+        assert low == previous + 1
+        previous = high
+        for ms in {low, high, (low + high) // 2}:
+            assert latency_bucket(ms) == bucket
+            assert abs(value - ms) / ms < 0.01, (bucket, ms, value)
+    assert latency_bucket(2**31 - 1) < 940
+
+
+async def test_sql_buckets_match_python(db: asyncpg.Connection) -> None:
+    rng = random.Random(4)
+    values = list(range(0, 5000)) + [rng.randrange(5000, 2**31) for _ in range(20000)]
+    rows = await db.fetch("SELECT v, latency_bucket(v) AS b FROM unnest($1::bigint[]) AS v", values)
+    mismatches = [(r["v"], r["b"]) for r in rows if r["b"] != latency_bucket(r["v"])]
+    assert not mismatches
+
+
+def test_percentile_of_a_histogram() -> None:
+    assert percentile([], 0.5) is None
+    histogram = merge([0, 2], [1, 0, 0, 1])  # 0 ms once, 1 ms twice, 3 ms once
+    assert histogram == [1, 2, 0, 1]
+    assert percentile(histogram, 0.5) == 1
+    assert percentile(histogram, 1.0) == 3
+    assert percentile(histogram, 0.0) == 0
+
+
+# -- the writer --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(database_url, min_size=1, max_size=4)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def servers(db: asyncpg.Connection) -> tuple[uuid.UUID, list[uuid.UUID]]:
+    workspace = await db.fetchval(
+        "INSERT INTO workspaces (name, slug) VALUES ('w', $1) RETURNING id",
+        f"w-{secrets.token_hex(4)}",
+    )
+    ids = [
+        await db.fetchval(
+            "INSERT INTO servers (workspace_id, name, url) VALUES ($1, $2, 'http://x') "
+            "RETURNING id",
+            workspace,
+            name,
+        )
+        for name in ("one", "two")
+    ]
+    return workspace, ids
+
+
+def record(
+    workspace: uuid.UUID,
+    server: uuid.UUID,
+    tool: str = "t",
+    *,
+    duration: int | None = 10,
+    status: str = "success",
+    at: datetime | None = None,
+) -> ToolCall:
+    return ToolCall(
+        uuid7(),
+        workspace,
+        server,
+        tool,
+        None,
+        status,
+        duration,
+        None,
+        None,
+        100,
+        None if status == "success" else "failed",
+        at or datetime.now(UTC),
+    )
+
+
+async def test_rollups_and_percentiles_match_the_rows(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, other) = servers
+    rng = random.Random(7)
+    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
+    calls = [
+        record(
+            workspace,
+            rng.choice([server, other]),
+            rng.choice(["search", "fetch"]),
+            duration=None if i % 50 == 0 else int(rng.lognormvariate(5, 1.2)),
+            status="error" if i % 7 == 0 else "success",
+            at=hour + timedelta(minutes=rng.randrange(120)),
+        )
+        for i in range(5000)
+    ]
+    log = CallLog(pool, batch_rows=700)
+    log.start()
+    for c in calls[:2500]:
+        log.add(c)
+    await log.write(calls[2500:])
+    await log.close()
+    assert log.stats.written == 5000
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 5000
+    rollups = await db.fetch("SELECT * FROM tool_call_hourly")
+    assert {r["hour"] for r in rollups} == {hour, hour + timedelta(hours=1)}
+    assert sum(r["call_count"] for r in rollups) == 5000
+    assert sum(r["error_count"] for r in rollups) == sum(c.status == "error" for c in calls)
+    timed = [c.duration_ms for c in calls if c.duration_ms is not None]
+    assert sum(r["duration_count"] for r in rollups) == len(timed)
+    assert sum(r["duration_sum_ms"] for r in rollups) == sum(timed)
+    # Percentiles read back from the merged histograms, against the exact nearest-rank ones.
+    histogram: list[int] = await db.fetchval(
+        "SELECT histogram_sum(latency_histogram) FROM tool_call_hourly"
+    )
+    exact = sorted(timed)
+    for fraction in (0.5, 0.95, 0.99):
+        value = exact[math.ceil(fraction * len(exact)) - 1]
+        estimate = percentile(histogram, fraction)
+        assert estimate is not None
+        assert abs(estimate - value) / value <= 0.01, (fraction, estimate, value)
+
+
+async def test_batch_survives_a_deleted_server_and_retries_do_not_duplicate(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, doomed) = servers
+    batch = [record(workspace, server), record(workspace, doomed), record(workspace, server)]
+    await db.execute("DELETE FROM servers WHERE id = $1", doomed)
+    async with pool.acquire() as conn:
+        assert await tool_calls_db.write_batch(conn, batch) == 2
+        # The same batch again, as after a commit whose acknowledgement was lost.
+        assert await tool_calls_db.write_batch(conn, batch) == 0
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 2
+    assert await db.fetchval("SELECT sum(call_count) FROM tool_call_hourly") == 2
+
+
+async def test_deleting_a_server_deletes_its_calls(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, other) = servers
+    async with pool.acquire() as conn:
+        await tool_calls_db.write_batch(conn, [record(workspace, server), record(workspace, other)])
+    await db.execute("DELETE FROM servers WHERE id = $1", server)
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 1
+    assert await db.fetchval("SELECT count(*) FROM tool_call_hourly") == 1
+
+
+async def test_a_refused_row_does_not_hold_back_the_rest(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, _) = servers
+    log = CallLog(pool)
+    log.start()
+    good = [record(workspace, server) for _ in range(3)]
+    bad = record(workspace, server, status="maybe")  # violates the CHECK
+    with pytest.raises(RowsRejected):
+        await log.write([good[0], bad, good[1]])
+    await log.write([good[2]])
+    await log.close()
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 3
+    assert log.stats.rejected == 1
+
+
+async def test_the_queue_is_bounded(
+    pool: asyncpg.Pool, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, _) = servers
+    log = CallLog(pool, max_rows=10)  # not started: nothing leaves the queue
+    for _ in range(15):
+        log.add(record(workspace, server))
+    assert len(log) == 10
+    assert log.stats.dropped == 5
+    with pytest.raises(ServiceUnavailable):
+        await log.write([record(workspace, server)])
+
+
+async def test_shutdown_drains_the_queue(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, _) = servers
+    log = CallLog(pool, flush_seconds=30.0, batch_rows=10_000)
+    log.start()
+    for _ in range(250):
+        log.add(record(workspace, server))
+    await asyncio.sleep(0)
+    await log.close()
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 250
+
+
+async def test_app_shutdown_drains_before_the_pool_closes(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    api = await make_api()
+    owner = await api.signup()
+    key = await api.api_key(owner)
+    async with recorder() as upstream:
+        server_id = await add_server(api, db, owner, upstream.url)
+        for i in range(20):
+            await api.post(f"/proxy/{server_id}/mcp", json=call("t", i), auth=key, expect=200)
+    await api.client.close()  # the app's cleanup: the call log drains, then the pool closes
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 20
+
+
+# -- a real PostgreSQL restart under traffic ---------------------------------------------------
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[Any]:
+    """A PostgreSQL server of this test's own, so it can be restarted."""
+    import pgserver
+
+    server = pgserver.get_server(tmp_path / "pg", cleanup_mode="delete")
+    yield server
+    server.cleanup()
+
+
+def restart_postgres(server: Any) -> None:
+    from pgserver._commands import pg_ctl
+
+    pg_ctl(
+        ["-w", "-m", "fast", "-l", str(server.log), "restart"],
+        pgdata=server.pgdata,
+        user=server.system_user,
+        timeout=60,
+    )
+
+
+async def test_postgres_restart_loses_no_acknowledged_call(
+    own_postgres: Any,  # first: torn down after the app, which drains into it
+    make_api: AppFactory,
+) -> None:
+    dsn = own_postgres.get_uri()
+    api = await make_api(database_url=dsn)
+    owner = await api.signup()
+    key = await api.api_key(owner)
+    db = await asyncpg.connect(dsn)
+    acknowledged_proxy = 0
+    acknowledged_ids: list[str] = []
+    restarted = asyncio.Event()
+    try:
+        async with recorder() as upstream:
+            server_id = await add_server(api, db, owner, upstream.url)
+            await db.close()
+
+            async def proxy_traffic() -> None:
+                nonlocal acknowledged_proxy
+                deadline = time.monotonic() + 60
+                sent = 0
+                while (sent < 150 or not restarted.is_set()) and time.monotonic() < deadline:
+                    sent += 1
+                    reply = await api.post(
+                        f"/proxy/{server_id}/mcp", json=call("proxied", sent), auth=key
+                    )
+                    if reply.status == 200:
+                        acknowledged_proxy += 1
+                    else:
+                        assert reply.status == 503, reply  # auth lookup while PG is away
+                        await asyncio.sleep(0.05)
+
+            async def ingestion_traffic() -> None:
+                deadline = time.monotonic() + 60
+                sent = 0
+                while (sent < 60 or not restarted.is_set()) and time.monotonic() < deadline:
+                    sent += 1
+                    body = [
+                        {"server_id": server_id, "tool_name": "ingested", "status": "success"}
+                        for _ in range(5)
+                    ]
+                    reply = await api.post("/tool-calls", json=body, auth=key)
+                    if reply.status == 201:
+                        acknowledged_ids.extend(item["id"] for item in reply.body["items"])
+                    else:
+                        assert reply.status == 503, reply
+                        await asyncio.sleep(0.05)
+
+            async def restart_midway() -> None:
+                await asyncio.sleep(0.5)
+                await asyncio.to_thread(restart_postgres, own_postgres)
+                restarted.set()
+
+            await asyncio.gather(proxy_traffic(), ingestion_traffic(), restart_midway())
+        assert acknowledged_proxy >= 100 and len(acknowledged_ids) >= 100
+        db = await asyncpg.connect(dsn)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            proxied = await db.fetchval(
+                "SELECT count(*) FROM tool_calls WHERE tool_name = 'proxied'"
+            )
+            if proxied >= acknowledged_proxy:
+                break
+            await asyncio.sleep(0.1)
+        assert proxied == acknowledged_proxy
+        stored = await db.fetch("SELECT id::text FROM tool_calls WHERE tool_name = 'ingested'")
+        assert {r["id"] for r in stored} == set(acknowledged_ids)
+        assert await db.fetchval("SELECT sum(call_count) FROM tool_call_hourly") == (
+            await db.fetchval("SELECT count(*) FROM tool_calls")
+        )
+        assert api.app[CALL_LOG].stats.failures >= 1
+    finally:
+        await db.close()
