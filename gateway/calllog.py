@@ -169,13 +169,6 @@ class CallLogStats:
     failures: int = 0
 
 
-def _usable(conn: asyncpg.pool.PoolConnectionProxy) -> bool:
-    try:
-        return not conn.is_closed()
-    except asyncpg.InterfaceError:  # already released back to the pool
-        return False
-
-
 def _report_death(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.critical("the call log writer died", exc_info=task.exception())
@@ -233,7 +226,6 @@ class CallLog:
         self._hurry = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._conn: asyncpg.pool.PoolConnectionProxy | None = None
         self.stats = CallLogStats()
         self._last_drop_warning = 0.0
 
@@ -307,7 +299,6 @@ class CallLog:
                 lost = len(self)
                 self._fail_waiters(ServiceUnavailable("the gateway shut down before storing"))
                 log.error("shutting down with %d tool calls not written (database down)", lost)
-        await self._release()
 
     # -- the writer task -------------------------------------------------------------------
 
@@ -339,7 +330,6 @@ class CallLog:
                     exc,
                     backoff,
                 )
-                await self._release(broken=True)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
                 continue
@@ -347,7 +337,6 @@ class CallLog:
                 log.exception("unexpected error writing %d tool calls; retrying", len(batch))
                 self.stats.failures += 1
                 self._retry, self._retry_waiters = batch, waiters
-                await self._release(broken=True)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
                 continue
@@ -374,36 +363,21 @@ class CallLog:
         self._waiters = [(s - cut, e - cut, f) for s, e, f in self._waiters if e > cut]
         return batch, waiters
 
-    async def _connection(self) -> asyncpg.pool.PoolConnectionProxy:
-        # Held between batches; asyncpg takes it back by itself when the connection is lost.
-        if self._conn is not None and not _usable(self._conn):
-            self._conn = None
-        if self._conn is None:
-            self._conn = await self._pool.acquire()
-        return self._conn
-
-    async def _release(self, *, broken: bool = False) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None or not _usable(conn):
-            return
-        try:
-            if broken:
-                conn.terminate()
-            await self._pool.release(conn, timeout=5)
-        except Exception as exc:  # the pool replaces it either way
-            log.debug("releasing the call log connection: %s", exc)
-
     async def _write(self, batch: list[ToolCall], waiters: list[_Waiter], *, retry: bool) -> None:
-        conn = await self._connection()
-        try:
-            inserted = await tool_calls_db.write_batch(conn, batch, retry=retry)
-        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
-            # One bad row must not hold back the rest: store them one by one.
-            log.error(
-                "a batch of %d tool calls was refused (%s); writing row by row", len(batch), exc
-            )
-            await self._write_rows(conn, batch, waiters)
-            return
+        # A connection per batch rather than one held between batches: the pool then replaces
+        # connections lost in a database restart, and closing the pool never waits on ours.
+        async with self._pool.acquire(timeout=10) as conn:
+            try:
+                inserted = await tool_calls_db.write_batch(conn, batch, retry=retry)
+            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+                # One bad row must not hold back the rest: store them one by one.
+                log.error(
+                    "a batch of %d tool calls was refused (%s); writing row by row",
+                    len(batch),
+                    exc,
+                )
+                await self._write_rows(conn, batch, waiters)
+                return
         self.stats.batches += 1
         self.stats.written += inserted
         self.stats.skipped += len(batch) - inserted
