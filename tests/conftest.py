@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -78,17 +79,35 @@ def template_db(pg_admin_dsn: str) -> Iterator[str]:
     run_sync(drop())
 
 
-@pytest.fixture
-async def database_url(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
-    """A fresh database with the schema, dropped after the test."""
-    name = f"gw_t_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(pg_admin_dsn)
+@contextlib.asynccontextmanager
+async def scratch_database(
+    admin_dsn: str, prefix: str, template: str | None = None
+) -> AsyncIterator[str]:
+    """A new database (a copy of `template`, else empty), dropped on exit; yields its DSN."""
+    name = f"{prefix}_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(admin_dsn)
     try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
-        yield with_database(pg_admin_dsn, name)
+        await admin.execute(
+            f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else "")
+        )
+        yield with_database(admin_dsn, name)
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
+
+
+@pytest.fixture
+async def database_url(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh database with the schema, dropped after the test."""
+    async with scratch_database(pg_admin_dsn, "gw_t", template_db) as url:
+        yield url
+
+
+@pytest.fixture
+async def empty_database(pg_admin_dsn: str) -> AsyncIterator[str]:
+    """A database without the schema."""
+    async with scratch_database(pg_admin_dsn, "gw_empty") as url:
+        yield url
 
 
 @pytest.fixture

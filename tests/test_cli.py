@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 
 import aiohttp
 import asyncpg
@@ -19,7 +18,6 @@ from cryptography.fernet import Fernet
 
 from gateway.cli import main
 from gateway.config import ENV_VARIABLES
-from tests.conftest import with_database
 from tests.upstreams import free_port
 
 SECRETS = {
@@ -40,18 +38,6 @@ def environment(**values: str) -> dict[str, str]:
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
-
-
-@pytest.fixture
-async def empty_database(pg_admin_dsn: str) -> AsyncIterator[str]:
-    name = f"gw_cli_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-        yield with_database(pg_admin_dsn, name)
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
 
 
 async def test_migrate_creates_the_schema_and_is_idempotent(empty_database: str) -> None:

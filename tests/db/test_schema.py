@@ -3,27 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 
 from gateway.db.schema import apply_schema, current_version, migrations
-from tests.conftest import with_database
-
-
-@pytest.fixture
-async def empty_database(pg_admin_dsn: str) -> AsyncIterator[str]:
-    """A database without the schema."""
-    name = f"gw_empty_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-        yield with_database(pg_admin_dsn, name)
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
 
 
 def latest_version() -> int:
