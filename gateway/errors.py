@@ -96,6 +96,8 @@ _DATABASE_DOWN = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.OperatorInterventionError,
+    # 53xxx, e.g. too many connections while every client reconnects after a restart.
+    asyncpg.exceptions.InsufficientResourcesError,
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
