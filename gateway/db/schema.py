@@ -21,8 +21,11 @@ def schema_sql() -> str:
 
 def migrations() -> list[tuple[int, str]]:
     """The numbered migration files, in order: (version, sql)."""
+    folder = resources.files("gateway").joinpath("migrations")
+    if not folder.is_dir():  # an installed wheel has no folder until a migration exists
+        return []
     found = []
-    for entry in resources.files("gateway").joinpath("migrations").iterdir():
+    for entry in folder.iterdir():
         match = _MIGRATION_NAME.match(entry.name)
         if match:
             found.append((int(match.group(1)), entry.read_text()))
