@@ -94,12 +94,11 @@ def _operation(endpoint: Endpoint, components: _Components) -> dict[str, Any]:
     params = _parameters(endpoint, components)
     if params:
         op["parameters"] = params
-    if endpoint.body is not None:
+    body = endpoint.body if endpoint.body is not None else endpoint.request_body
+    if body is not None:
         op["requestBody"] = {
             "required": True,
-            "content": {
-                "application/json": {"schema": components.schema_of(endpoint.body, "validation")}
-            },
+            "content": {"application/json": {"schema": components.schema_of(body, "validation")}},
         }
     success: dict[str, Any] = {"description": HTTPStatus(endpoint.status).phrase}
     if endpoint.response is not None:

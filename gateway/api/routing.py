@@ -46,6 +46,8 @@ class Endpoint:
     description: str = ""
     # What the success response is, when the handler renders it itself (e.g. text/html).
     media_type: str = "application/json"
+    # The body's type for the document only, when the handler parses the body itself.
+    request_body: Any = None
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Routes:
         response: Any = None,
         errors: Iterable[int] = (),
         media_type: str = "application/json",
+        request_body: Any = None,
     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
         def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             hints = typing.get_type_hints(fn)
@@ -84,6 +87,7 @@ class Routes:
                 tag=self.tag,
                 description=inspect.cleandoc(fn.__doc__ or ""),
                 media_type=media_type,
+                request_body=request_body,
             )
             self.endpoints.append((endpoint, fn))
             return fn

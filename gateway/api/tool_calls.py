@@ -127,6 +127,7 @@ def _parse(raw: bytes) -> tuple[list[ToolCallIn], bool]:
     status=201,
     response=ToolCallOut | ToolCallsCreated,
     errors=(400, 404, 413, 422),
+    request_body=ToolCallIn | list[ToolCallIn],
 )
 async def ingest(request: web.Request) -> web.Response:
     """The body is one tool call object (answered with the stored call) or an array of up to

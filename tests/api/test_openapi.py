@@ -4,6 +4,7 @@ that holds every test response to it."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from cryptography.fernet import Fernet
+from jsonschema import Draft202012Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
 from gateway.api.models import Out
@@ -187,3 +189,22 @@ async def test_the_contract_checker_catches_responses_that_break_the_document(
     assert "/fine" not in violations
     with pytest.raises(AssertionError, match="responses that break the OpenAPI document"):
         checker.assert_clean()
+
+
+def test_bodies_parsed_by_their_handler_are_documented_too(document: dict[str, Any]) -> None:
+    """POST /tool-calls reads one object or an array itself; the document says both."""
+    operation = document["paths"]["/api/v1/tool-calls"]["post"]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    validator = Draft202012Validator({**schema, "components": document["components"]})
+    call = {"server_id": str(uuid.uuid4()), "tool_name": "search", "status": "success"}
+    assert validator.is_valid(call)
+    assert validator.is_valid([call, {**call, "status": "error"}])
+    assert not validator.is_valid({"tool_name": "search", "status": "success"})
+    assert not validator.is_valid({**call, "status": "maybe"})
+
+
+def test_every_patch_documents_its_body(document: dict[str, Any]) -> None:
+    patches = [path for path, item in document["paths"].items() if "patch" in item]
+    assert patches
+    for path in patches:
+        assert "requestBody" in document["paths"][path]["patch"], path
