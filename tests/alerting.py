@@ -18,7 +18,7 @@ from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.workers.alert_evaluator import evaluate_due_rules
 from gateway.workers.notifier import DeliveryPolicy, deliver_due
 from tests.support import Account, Api, Credential
-from tests.upstreams import unused_url
+from tests.upstreams import serve_loopback, unused_url
 
 # Fast retries for tests; production waits 15 s after the first failure.
 FAST = DeliveryPolicy(timeout_seconds=2.0, max_attempts=3, backoff_seconds=0.05)
@@ -73,15 +73,9 @@ async def receiver() -> AsyncIterator[Receiver]:
     recv = Receiver()
     app = web.Application()
     app.router.add_route("POST", "/{name}", recv.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    recv.base_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with serve_loopback(app) as base_url:
+        recv.base_url = base_url
         yield recv
-    finally:
-        await runner.cleanup()
 
 
 # -- arranging ---------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from multidict import CIMultiDict
 
 from gateway.keys import CALL_LOG, SECRET_BOX
 from tests.support import Account, Api
-from tests.upstreams import sdk_server, unused_url
+from tests.upstreams import sdk_server, serve_loopback, unused_url
 
 AppFactory = Callable[..., Awaitable[Api]]
 ACCEPT = "application/json, text/event-stream"
@@ -158,15 +158,9 @@ async def recorder(**behaviour: Any) -> AsyncIterator[Recorder]:
     upstream = Recorder(**behaviour)
     app = web.Application()
     app.router.add_route("*", "/mcp", upstream.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    upstream.url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-    try:
+    async with serve_loopback(app) as base_url:
+        upstream.url = f"{base_url}/mcp"
         yield upstream
-    finally:
-        await runner.cleanup()
 
 
 # -- the official SDK through the proxy --------------------------------------------------------

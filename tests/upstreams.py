@@ -255,18 +255,23 @@ def _rpc_error_response(rid: Any, code: int, message: str, status: int) -> web.R
 
 
 @contextlib.asynccontextmanager
+async def serve_loopback(app: web.Application) -> AsyncIterator[str]:
+    """Serve `app` on 127.0.0.1 (a free port) for the block; yields its base URL."""
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
 async def fake_upstream(**behaviour: Any) -> AsyncIterator[FakeUpstream]:
     """Serve a `FakeUpstream` on 127.0.0.1 (free port) at /mcp for the duration of the block."""
     fake = FakeUpstream(**behaviour)
     app = web.Application()
     app.router.add_route("*", "/mcp", fake.handle)
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    fake.url = f"http://127.0.0.1:{port}/mcp"
-    try:
+    async with serve_loopback(app) as base_url:
+        fake.url = f"{base_url}/mcp"
         yield fake
-    finally:
-        await runner.cleanup()

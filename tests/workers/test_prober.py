@@ -14,7 +14,7 @@ from aiohttp import web
 from gateway.workers.prober import Prober
 from tests.conftest import AppFactory
 from tests.support import Account, Api
-from tests.upstreams import FakeUpstream, fake_upstream, unused_url
+from tests.upstreams import FakeUpstream, fake_upstream, serve_loopback, unused_url
 
 
 async def register(api: Api, admin: Account, url: str, name: str) -> str:
@@ -85,15 +85,9 @@ async def counting_upstream(**behaviour: Any) -> AsyncIterator[tuple[FakeUpstrea
 
     app = web.Application()
     app.router.add_route("*", "/mcp", handle)
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-    try:
+    async with serve_loopback(app) as base_url:
+        fake.url = f"{base_url}/mcp"
         yield fake, peak
-    finally:
-        await runner.cleanup()
 
 
 async def test_probes_in_flight_are_bounded(make_api: AppFactory) -> None:
