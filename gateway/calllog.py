@@ -38,7 +38,7 @@ from typing import NamedTuple
 import asyncpg
 
 from gateway.db import tool_calls as tool_calls_db
-from gateway.errors import ServiceUnavailable
+from gateway.errors import DATABASE_DOWN, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -182,16 +182,11 @@ class RowsRejected(Exception):
     """Some rows of a write() could not be stored (PostgreSQL refused them)."""
 
 
-_RETRYABLE = (
-    OSError,
+_RETRYABLE: tuple[type[BaseException], ...] = (
+    *DATABASE_DOWN,
     TimeoutError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
     asyncpg.exceptions.TransactionRollbackError,  # deadlock, serialization
     asyncpg.exceptions.LockNotAvailableError,
-    asyncpg.exceptions.ReadOnlySQLTransactionError,  # failover in progress
 )
 
 

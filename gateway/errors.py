@@ -89,15 +89,21 @@ def json_error(status: int, detail: str, headers: dict[str, str] | None = None) 
 
 
 # What asyncpg raises while PostgreSQL restarts or is unreachable.
-_DATABASE_DOWN = (
+# What asyncpg raises while PostgreSQL restarts, fails over or is unreachable. The call log
+# retries on these too.
+DATABASE_DOWN: tuple[type[BaseException], ...] = (
     # OSError, not only ConnectionError: connecting to a unix socket (the embedded PostgreSQL)
     # while the server restarts raises FileNotFoundError.
     OSError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    # A pooled connection that died mid-query and is used again ("another operation is in
+    # progress").
+    asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.OperatorInterventionError,
     # 53xxx, e.g. too many connections while every client reconnects after a restart.
     asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # failover in progress
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -120,7 +126,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             log.exception("unexpected unique violation on %s %s", request.method, request.path)
             return json_error(500, "internal server error")
         return json_error(400, detail)
-    except _DATABASE_DOWN as exc:
+    except DATABASE_DOWN as exc:
         # The database is briefly unreachable (restart, failover): tell clients to retry.
         log.warning("database unavailable on %s %s: %s", request.method, request.path, exc)
         return json_error(503, "database unavailable, retry shortly", {"Retry-After": "1"})
