@@ -38,11 +38,13 @@ from gateway.keys import (
     RATE_LIMITER,
     SECRET_BOX,
     SETTINGS,
+    SHARED_CACHE,
     UPSTREAMS,
 )
 from gateway.mailer import Mailer
 from gateway.ratelimit import AuthRateLimiter
 from gateway.security.secretbox import SecretBox
+from gateway.shared_cache import create_shared_cache
 from gateway.upstreams import Upstreams
 from gateway.workers.alert_evaluator import run_alert_evaluator
 from gateway.workers.api_key_usage import record_key_usage
@@ -107,6 +109,13 @@ async def _http_client(app: web.Application) -> AsyncIterator[None]:
     await session.close()
 
 
+async def _shared_cache(app: web.Application) -> AsyncIterator[None]:
+    cache = create_shared_cache(app[SETTINGS].redis_url)
+    app[SHARED_CACHE] = cache
+    yield
+    await cache.close()
+
+
 async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     # Started last and stopped first, so they never outlive the pool or the HTTP client.
     settings = app[SETTINGS]
@@ -144,5 +153,5 @@ def create_app(settings: Settings) -> web.Application:
     app[OPENAPI_DOCUMENT] = openapi.build_document(endpoints, service_version())
     openapi.add_docs_static(app)
     proxy.setup_cors(app)
-    app.cleanup_ctx.extend([_database, _call_log, _http_client, _background_tasks])
+    app.cleanup_ctx.extend([_database, _call_log, _http_client, _shared_cache, _background_tasks])
     return app

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import asyncpg
+from aiocache.base import BaseCache
 from aiohttp import web
 
 from gateway.config import Settings
@@ -32,5 +33,7 @@ MAILER: web.AppKey[Mailer] = web.AppKey("mailer")
 UPSTREAMS: web.AppKey[Upstreams] = web.AppKey("upstreams")
 # The tool call log: add() from the hot path, write() to wait for the commit.
 CALL_LOG: web.AppKey[CallLog] = web.AppKey("call_log")
+# Tool lists and analytics answers: in memory, or in Redis shared by every process.
+SHARED_CACHE = web.AppKey("shared_cache", BaseCache)
 ENDPOINTS: web.AppKey[list[Endpoint]] = web.AppKey("endpoints")
 OPENAPI_DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi_document")
