@@ -181,8 +181,10 @@ CREATE TABLE health_hourly (
 -- Latency histogram buckets (gateway/calllog.py has the Python twin and the inverse): integer
 -- milliseconds below 50 get a bucket each; from 50 up, bucket widths grow by a factor 1.02, so a
 -- value read back from a bucket is within 1% of any duration that fell into it.
+-- Not STRICT (null still gives null): only then does PostgreSQL inline it into the calling
+-- query instead of calling a SQL function per row (about ten times cheaper on 10M rows).
 CREATE FUNCTION latency_bucket(duration_ms bigint) RETURNS integer
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN CASE WHEN duration_ms < 50 THEN greatest(duration_ms, 0)::integer
                 ELSE 50 + floor(ln(duration_ms::float8 / 50) / ln(1.02::float8))::integer END;
 
@@ -251,7 +253,10 @@ CREATE TABLE tool_call_hourly (
     latency_histogram  integer[] NOT NULL,
     PRIMARY KEY (workspace_id, tool_name, server_id, hour)
 );
-CREATE INDEX tool_call_hourly_hour_idx ON tool_call_hourly (workspace_id, hour);
+-- Covering: analytics and list totals sum the counters of a workspace's hours from the index
+-- alone (30 days of 50 tools is ~35,000 rows; ~5 ms instead of ~30 ms through the heap).
+CREATE INDEX tool_call_hourly_hour_idx ON tool_call_hourly (workspace_id, hour)
+    INCLUDE (server_id, tool_name, call_count, error_count, duration_count, duration_sum_ms);
 CREATE INDEX tool_call_hourly_server_idx ON tool_call_hourly (server_id, hour);
 
 -- == alerts ==
@@ -341,5 +346,28 @@ CREATE TABLE alert_delivery_attempts (
     error         text,
     PRIMARY KEY (delivery_id, attempt)
 );
+
+-- == analytics ==
+
+-- Latency percentiles of past hours, derived from tool_call_hourly by the first read that needs
+-- them (gateway/db/analytics.py): merging the histograms of every tool of 30 days takes about a
+-- second, reading these rows milliseconds. `fingerprint` digests the rollup rows a value came
+-- from (server, tool, timed calls, duration sum of each); a reader recomputes any hour whose
+-- rollups no longer give that fingerprint (calls ingested late, a server deleted), so a value is
+-- never served for data that changed. server_id null: all servers of the workspace.
+CREATE TABLE tool_call_latency_hourly (
+    workspace_id  uuid NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
+    server_id     uuid REFERENCES servers (id) ON DELETE CASCADE,
+    scope         uuid NOT NULL GENERATED ALWAYS AS (coalesce(server_id, workspace_id)) STORED,
+    hour          timestamptz NOT NULL,
+    fingerprint   bigint NOT NULL,
+    p50_ms        double precision NOT NULL,
+    p95_ms        double precision NOT NULL,
+    p99_ms        double precision NOT NULL,
+    PRIMARY KEY (scope, hour)
+);
+CREATE INDEX tool_call_latency_hourly_workspace_idx ON tool_call_latency_hourly (workspace_id);
+CREATE INDEX tool_call_latency_hourly_server_idx ON tool_call_latency_hourly (server_id)
+    WHERE server_id IS NOT NULL;
 
 INSERT INTO schema_version (version) VALUES (1);

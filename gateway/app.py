@@ -12,11 +12,13 @@ from aiohttp import web
 
 from gateway import proxy
 from gateway.api import alerts as alerts_api
+from gateway.api import analytics as analytics_api
 from gateway.api import auth as auth_api
 from gateway.api import health as health_api
 from gateway.api import openapi
 from gateway.api import servers as servers_api
 from gateway.api import tool_calls as tool_calls_api
+from gateway.api import tools as tools_api
 from gateway.api import workspaces as workspaces_api
 from gateway.api.routing import mount
 from gateway.auth import Authenticator
@@ -39,12 +41,14 @@ from gateway.keys import (
     SECRET_BOX,
     SETTINGS,
     SHARED_CACHE,
+    TOOL_LISTS,
     UPSTREAMS,
 )
 from gateway.mailer import Mailer
 from gateway.ratelimit import AuthRateLimiter
 from gateway.security.secretbox import SecretBox
 from gateway.shared_cache import create_shared_cache
+from gateway.tool_lists import ToolLists
 from gateway.upstreams import Upstreams
 from gateway.workers.alert_evaluator import run_alert_evaluator
 from gateway.workers.api_key_usage import record_key_usage
@@ -63,7 +67,9 @@ API_MODULES = (
     proxy.routes,
     tool_calls_api.routes,
     servers_api.routes,
+    tools_api.routes,
     health_api.routes,
+    analytics_api.routes,
     alerts_api.routes,
 )
 
@@ -112,7 +118,10 @@ async def _http_client(app: web.Application) -> AsyncIterator[None]:
 async def _shared_cache(app: web.Application) -> AsyncIterator[None]:
     cache = create_shared_cache(app[SETTINGS].redis_url)
     app[SHARED_CACHE] = cache
+    # Before the background tasks: registered with CACHES before the listener starts.
+    app[TOOL_LISTS] = ToolLists.from_app(app)
     yield
+    await app[TOOL_LISTS].close()
     await cache.close()
 
 

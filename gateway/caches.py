@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from cachetools import TTLCache
 
@@ -61,6 +61,15 @@ class InvalidatedCache(Generic[K, V]):
 Invalidator = Callable[[str], None]
 
 
+class Invalidated(Protocol):
+    """Anything that may only cache while NOTIFY can be heard (an InvalidatedCache, the
+    playground's tool lists)."""
+
+    enabled: bool
+
+    def clear(self) -> None: ...
+
+
 class Caches:
     """Every invalidated cache of the app, and the dispatch from NOTIFY payloads to them.
 
@@ -69,9 +78,9 @@ class Caches:
 
     def __init__(self) -> None:
         self._by_table: dict[str, list[Invalidator]] = {}
-        self._all: list[InvalidatedCache[Any, Any]] = []
+        self._all: list[Invalidated] = []
 
-    def register(self, cache: InvalidatedCache[Any, Any], tables: dict[str, Invalidator]) -> None:
+    def register(self, cache: Invalidated, tables: dict[str, Invalidator]) -> None:
         self._all.append(cache)
         for table, invalidate in tables.items():
             self._by_table.setdefault(table, []).append(invalidate)

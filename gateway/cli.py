@@ -1,10 +1,14 @@
-"""The mcp-gateway command: serve, migrate, rotate-secrets."""
+"""The mcp-gateway command: serve, migrate, rotate-secrets, rollups rebuild."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import uvloop
 from aiohttp import web
@@ -13,6 +17,9 @@ from gateway.config import ConfigError, Settings, with_local_secrets
 from gateway.db.embedded import start_embedded
 from gateway.db.pool import create_pool
 from gateway.db.schema import apply_schema
+from gateway.db.types import Connection
+
+T = TypeVar("T")
 
 log = logging.getLogger("gateway")
 
@@ -43,20 +50,27 @@ def serve(args: argparse.Namespace) -> None:
     )
 
 
-def migrate(_args: argparse.Namespace) -> None:
-    # The schema needs no secrets, so a migration job need not be given them.
+def _database_only() -> str:
+    """DATABASE_URL, or the embedded PostgreSQL, for commands that need no secrets."""
     settings = Settings.from_env()
-    dsn = settings.database_url or start_embedded(settings.data_dir)
+    return settings.database_url or start_embedded(settings.data_dir)
 
-    async def run() -> int:
+
+def _on_connection(dsn: str, work: Callable[[Connection], Awaitable[T]]) -> T:
+    async def run() -> T:
         pool = await create_pool(dsn, min_size=1, max_size=1)
         try:
             async with pool.acquire() as conn:
-                return await apply_schema(conn)
+                return await work(conn)
         finally:
             await pool.close()
 
-    print(f"schema is at version {uvloop.run(run())}")
+    return uvloop.run(run())
+
+
+def migrate(_args: argparse.Namespace) -> None:
+    # The schema needs no secrets, so a migration job need not be given them.
+    print(f"schema is at version {_on_connection(_database_only(), apply_schema)}")
 
 
 def rotate_secrets(_args: argparse.Namespace) -> None:
@@ -88,6 +102,18 @@ def rotate_secrets(_args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def rebuild_rollups(args: argparse.Namespace) -> None:
+    from gateway.db.rollups import rebuild
+
+    started = time.monotonic()
+    done = _on_connection(_database_only(), lambda conn: rebuild(conn, args.workspace))
+    scope = "every workspace" if args.workspace is None else f"workspace {args.workspace}"
+    print(
+        f"rebuilt the hourly rollups of {scope} in {time.monotonic() - started:.1f} s: "
+        f"{done.deleted} rows replaced by {done.inserted}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="mcp-gateway", description="Gateway and monitoring service for MCP servers."
@@ -106,6 +132,18 @@ def main(argv: list[str] | None = None) -> None:
         description="Key rotation: run every gateway with GATEWAY_SECRET_KEYS=NEW,OLD, run "
         "this, then remove OLD.",
     ).set_defaults(run=rotate_secrets)
+    rollups_cmd = commands.add_parser("rollups", help="maintain the hourly tool call rollups")
+    rollups = rollups_cmd.add_subparsers(dest="rollups_command", required=True)
+    rebuild_cmd = rollups.add_parser(
+        "rebuild",
+        help="recompute the hourly rollups from the raw tool calls",
+        description="Recompute tool_call_hourly from tool_calls in one transaction (after a "
+        "bulk import or restore). Writers of tool calls wait until it commits; reads go on.",
+    )
+    rebuild_cmd.add_argument(
+        "--workspace", type=uuid.UUID, metavar="ID", help="only this workspace (default: all)"
+    )
+    rebuild_cmd.set_defaults(run=rebuild_rollups)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gateway.mailer import Mailer
     from gateway.ratelimit import AuthRateLimiter
     from gateway.security.secretbox import SecretBox
+    from gateway.tool_lists import ToolLists
     from gateway.upstreams import Upstreams
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -35,5 +36,7 @@ UPSTREAMS: web.AppKey[Upstreams] = web.AppKey("upstreams")
 CALL_LOG: web.AppKey[CallLog] = web.AppKey("call_log")
 # Tool lists and analytics answers: in memory, or in Redis shared by every process.
 SHARED_CACHE = web.AppKey("shared_cache", BaseCache)
+# The playground's upstream tool lists (kept in SHARED_CACHE).
+TOOL_LISTS: web.AppKey[ToolLists] = web.AppKey("tool_lists")
 ENDPOINTS: web.AppKey[list[Endpoint]] = web.AppKey("endpoints")
 OPENAPI_DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi_document")

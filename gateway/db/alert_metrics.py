@@ -11,9 +11,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from gateway.calllog import percentile
+from gateway.db.rollups import ceil_hour, floor_hour
 from gateway.db.types import Executor
 
 CALL_METRICS = ("error_rate", "avg_latency_ms", "call_count")
@@ -32,8 +33,8 @@ class Window:
     @classmethod
     def ending(cls, end: datetime, minutes: int) -> Window:
         start = end - timedelta(minutes=minutes)
-        first_hour = _ceil_hour(start)
-        last_hour = _floor_hour(end)
+        first_hour = ceil_hour(start)
+        last_hour = floor_hour(end)
         if first_hour >= last_hour:
             first_hour = last_hour = end
         return cls(start, end, first_hour, last_hour)
@@ -41,15 +42,6 @@ class Window:
     @property
     def has_whole_hours(self) -> bool:
         return self.first_hour < self.last_hour
-
-
-def _floor_hour(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-
-
-def _ceil_hour(moment: datetime) -> datetime:
-    floor = _floor_hour(moment)
-    return floor if floor == moment else floor + timedelta(hours=1)
 
 
 # $1 servers, $2 start, $3 first_hour, $4 last_hour, $5 end.

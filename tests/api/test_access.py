@@ -277,8 +277,22 @@ ROWS: dict[tuple[str, str], Row] = {
     ),
     ("DELETE", "/servers/{server_id}"): R((401, 403, 404, 403, 204, 204), params=fresh_server),
     ("POST", "/servers/{server_id}/probe"): R((401, 403, 404, 403, 200, 200), params=server),
+    # The playground: reads for members and API keys (502: the upstream is unreachable), the
+    # rest for admins. Invoke answers 200 with status "error" for an unreachable upstream.
+    ("GET", "/servers/{server_id}/tools"): R((401, 502, 404, 502, 502, 502), params=server),
+    ("DELETE", "/servers/{server_id}/tools/cache"): R(
+        (401, 403, 404, 403, 204, 204), params=server
+    ),
+    ("POST", "/servers/{server_id}/tools/invoke"): R(
+        (401, 403, 404, 403, 200, 200), params=server, body=body({"tool_name": "echo"})
+    ),
     ("GET", "/health/checks"): R((401, 200, 200, 200, 200, 200)),
     ("GET", "/health/summary"): R((401, 200, 200, 200, 200, 200)),
+    # Analytics: reads for members and API keys, of the caller's own workspace.
+    ("GET", "/analytics/top-tools"): R((401, 200, 200, 200, 200, 200)),
+    ("GET", "/analytics/error-rates"): R((401, 200, 200, 200, 200, 200)),
+    ("GET", "/analytics/latency"): R((401, 200, 200, 200, 200, 200)),
+    ("GET", "/analytics/volume"): R((401, 200, 200, 200, 200, 200)),
     # The proxy and ingestion: any member and API keys (502: the upstream is unreachable).
     ("POST", "/proxy/{server_id}/mcp"): R(
         (401, 502, 404, 502, 502, 502), params=server, body=body(_RPC)

@@ -1,0 +1,233 @@
+"""/servers/{id}/tools: the tool playground (list a server's tools, call one, drop the cache)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import jsonschema
+import orjson
+from aiohttp import web
+from pydantic import Field, StringConstraints
+from referencing.exceptions import Unresolvable
+
+from gateway.api.models import Body, Out
+from gateway.api.routing import Routes
+from gateway.auth import ADMIN, PRINCIPAL, READ
+from gateway.calllog import ToolCall, clean_text, uuid7
+from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
+from gateway.keys import CALL_LOG, HTTP, SETTINGS, TOOL_LISTS, UPSTREAMS
+from gateway.mcp.client import McpError
+from gateway.tool_lists import mcp_session
+from gateway.upstreams import Upstream
+
+log = logging.getLogger(__name__)
+
+routes = Routes("tool playground")
+
+PLAYGROUND_AGENT = "mcp-gateway-playground"
+_MAX_ERROR_CHARS = 10_000
+_MAX_SCHEMA_ERRORS = 10
+
+
+class ToolOut(Out):
+    name: str
+    description: str = Field(description="empty when the server gives none")
+    input_schema: dict[str, Any] = Field(
+        alias="inputSchema", description="JSON Schema of the arguments, as the server declares it"
+    )
+
+
+class ToolListOut(Out):
+    server_id: uuid.UUID
+    tools: list[ToolOut]
+    cached: bool = Field(description="true: from the cache; false: fetched for this request")
+    cached_at: datetime = Field(description="when this list was fetched from the server")
+
+
+class InvokeIn(Body):
+    tool_name: Annotated[str, StringConstraints(min_length=1, max_length=255)]
+    arguments: dict[str, Any] = Field(
+        default_factory=dict, description="checked against the tool's inputSchema first"
+    )
+
+
+class InvokeOut(Out):
+    tool_call_id: uuid.UUID = Field(description="the logged tool call (see GET /tool-calls)")
+    result: Any = Field(
+        description="the MCP tool result (content, structuredContent, isError) as the server "
+        "sent it; null when there is none because the call failed"
+    )
+    duration_ms: int = Field(description="connecting to the server and calling the tool")
+    status: Literal["success", "error"]
+    error_message: str | None = Field(
+        description="why the call failed: the upstream failure, or the text the tool returned "
+        "with isError"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    result: dict[str, Any] | None
+    error: str | None
+    duration_ms: int
+
+
+async def _upstream(request: web.Request, server_id: uuid.UUID) -> Upstream:
+    upstream = await request.app[UPSTREAMS].get(server_id, request[PRINCIPAL].workspace_id)
+    if upstream is None:
+        raise NotFound("server not found")
+    return upstream
+
+
+@routes.get(
+    "/servers/{server_id}/tools",
+    summary="The server's tools",
+    access=READ,
+    response=ToolListOut,
+    errors=(502, 504),
+)
+async def list_tools(request: web.Request, server_id: uuid.UUID) -> dict[str, Any]:
+    """Listed from the server through the gateway's MCP client with its stored credentials,
+    then cached for GATEWAY_TOOLS_CACHE_SECONDS (shared by every gateway process with
+    REDIS_URL). Concurrent requests while nothing is cached share one fetch. A server that
+    cannot be reached or answers with an error is 502, one that does not answer within
+    GATEWAY_PROXY_TIMEOUT_SECONDS 504, as with the proxy."""
+    upstream = await _upstream(request, server_id)
+    listing = await request.app[TOOL_LISTS].get(upstream)
+    return {
+        "server_id": upstream.id,
+        "tools": listing.tools,
+        "cached": listing.cached,
+        "cached_at": listing.fetched_at,
+    }
+
+
+@routes.delete(
+    "/servers/{server_id}/tools/cache", summary="Drop the cached tool list", access=ADMIN
+)
+async def drop_tools_cache(request: web.Request, server_id: uuid.UUID) -> None:
+    """The next GET of the server's tools fetches them again, in every gateway process."""
+    upstream = await _upstream(request, server_id)
+    await request.app[TOOL_LISTS].drop(upstream.id)
+
+
+@routes.post(
+    "/servers/{server_id}/tools/invoke",
+    summary="Call one of the server's tools",
+    access=ADMIN,
+    response=InvokeOut,
+)
+async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn) -> dict[str, Any]:
+    """The tool must be in the server's tool list (cached or fetched now), else 422 naming
+    `body.tool_name`; the arguments are checked against its inputSchema, else 422 naming each
+    bad argument (`body.arguments.<path>: <problem>`). Nothing is called or logged then.
+    Otherwise the call is logged as a tool call (caller_agent `mcp-gateway-playground`) before
+    the answer, which is 200 also when the call fails: `status` is `error` when the server
+    cannot be reached (also while listing its tools), times out, answers with an HTTP or
+    JSON-RPC error, or returns a result with `isError: true`; `error_message` says why."""
+    app = request.app
+    upstream = await _upstream(request, server_id)
+    started = time.perf_counter()
+    try:
+        listing = await app[TOOL_LISTS].get(upstream)
+    except (BadGateway, GatewayTimeout) as exc:
+        outcome = _Outcome(None, exc.detail, _ms_since(started))
+    else:
+        tool = listing.find(body.tool_name)
+        if tool is None:
+            raise ValidationFailed(
+                f"body.tool_name: the server has no tool named {body.tool_name!r} (tool list "
+                f"fetched at {listing.fetched_at.isoformat()}; DELETE the tools cache to refresh)"
+            )
+        _check_arguments(tool["inputSchema"], body.arguments)
+        outcome = await _call(app, upstream, body.tool_name, body.arguments)
+    call = _log_row(upstream, body.tool_name, outcome)
+    # Awaited: the returned tool_call_id is in GET /tool-calls as soon as this answers.
+    await app[CALL_LOG].write([call])
+    return {
+        "tool_call_id": call.id,
+        "result": outcome.result,
+        "duration_ms": outcome.duration_ms,
+        "status": call.status,
+        "error_message": call.error_message,
+    }
+
+
+def _check_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> None:
+    validator_class = jsonschema.validators.validator_for(
+        schema, default=jsonschema.Draft202012Validator
+    )
+    try:
+        validator_class.check_schema(schema)
+        errors = list(validator_class(schema).iter_errors(arguments))
+    except (jsonschema.SchemaError, Unresolvable) as exc:
+        # The server's own schema is broken (or refers elsewhere): the server judges instead.
+        log.info("not checking arguments against an unusable inputSchema: %s", exc)
+        return
+    if errors:
+        errors.sort(key=jsonschema.exceptions.relevance)
+        raise ValidationFailed("; ".join(_describe(e) for e in errors[:_MAX_SCHEMA_ERRORS]))
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = ".".join(["body.arguments", *(str(part) for part in error.absolute_path)])
+    return f"{where}: {error.message}"
+
+
+async def _call(
+    app: web.Application, upstream: Upstream, name: str, arguments: dict[str, Any]
+) -> _Outcome:
+    started = time.perf_counter()
+    timeout = app[SETTINGS].proxy_timeout_seconds
+    try:
+        async with mcp_session(app[HTTP], upstream, timeout) as client:
+            result = await client.call_tool(name, arguments)
+            duration_ms = _ms_since(started)  # ending the session is not part of the call
+    except McpError as exc:
+        return _Outcome(None, str(exc), _ms_since(started))
+    if result.get("isError") is True:
+        return _Outcome(result, _error_text(result), duration_ms)
+    return _Outcome(result, None, duration_ms)
+
+
+def _error_text(result: dict[str, Any]) -> str:
+    """What a failing tool said: the text of its content blocks."""
+    content = result.get("content")
+    blocks = content if isinstance(content, list) else []
+    texts = [
+        block["text"]
+        for block in blocks
+        if isinstance(block, dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
+    ]
+    return "\n".join(texts) or "the tool reported an error without a text"
+
+
+def _log_row(upstream: Upstream, tool_name: str, outcome: _Outcome) -> ToolCall:
+    failed = outcome.error is not None
+    error = clean_text(outcome.error[:_MAX_ERROR_CHARS]) if outcome.error is not None else None
+    size = None if outcome.result is None else len(orjson.dumps(outcome.result))
+    return ToolCall(
+        uuid7(),
+        upstream.workspace_id,
+        upstream.id,
+        clean_text(tool_name) or "(unnamed)",
+        PLAYGROUND_AGENT,
+        "error" if failed else "success",
+        outcome.duration_ms,
+        None,
+        None,
+        size,
+        error,
+        datetime.now(UTC),
+    )
+
+
+def _ms_since(started: float) -> int:
+    return round((time.perf_counter() - started) * 1000)

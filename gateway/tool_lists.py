@@ -1,0 +1,258 @@
+"""The playground's upstream tool lists: cached per server, fetched once at a time per process.
+
+Entries live in the shared response cache (gateway/shared_cache.py). Each carries a fingerprint
+of the server's url and credentials, so a list is never served for a server that has changed
+since it was fetched, whatever the backend and whether or not a NOTIFY was heard; deleted
+servers are not found at all. A DELETE of the cache drops the entry and broadcasts
+`tool_list:<server id>` on the invalidation channel, so every process forgets its own copy
+(in memory) and does not store a fetch that was under way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+from aiocache.base import BaseCache
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from gateway.caches import Caches
+from gateway.errors import BadGateway, GatewayTimeout, ServiceUnavailable
+from gateway.keys import CACHES, HTTP, POOL, SETTINGS, SHARED_CACHE
+from gateway.mcp.client import McpClient, McpError, McpTimeoutError
+from gateway.shared_cache import is_shared
+from gateway.upstreams import Upstream
+from gateway.workers.cache_listener import CHANNEL
+
+log = logging.getLogger(__name__)
+
+# The NOTIFY "table" of a dropped tool list (payload `tool_list:<server id>`).
+TABLE = "tool_list"
+_CACHE_ERRORS = (OSError, TimeoutError, RedisError)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolList:
+    # Descriptors {name, description, inputSchema}, in the upstream's order.
+    tools: list[dict[str, Any]]
+    fetched_at: datetime
+    cached: bool
+
+    def find(self, name: str) -> dict[str, Any] | None:
+        return next((tool for tool in self.tools if tool["name"] == name), None)
+
+
+@contextlib.asynccontextmanager
+async def mcp_session(
+    http: aiohttp.ClientSession,
+    upstream: Upstream,
+    timeout: float,  # noqa: ASYNC109 -- bounds the whole session, connect included
+) -> AsyncIterator[McpClient]:
+    """A connected client whose whole use (connect + block) must end within `timeout`;
+    the upstream session is ended afterwards, outside that bound."""
+    client = McpClient(http, upstream.url, upstream.auth_headers, timeout)
+    try:
+        try:
+            async with asyncio.timeout(timeout):
+                await client.connect()
+                yield client
+        except TimeoutError:
+            raise McpTimeoutError(f"timed out after {timeout:g} s") from None
+    finally:
+        await client.close()
+
+
+class ToolLists:
+    """server -> its tool list, cached for `ttl` seconds, with one upstream fetch in flight per
+    (server, url + credentials) in this process however many requests wait for it."""
+
+    def __init__(
+        self,
+        cache: BaseCache,
+        http: aiohttp.ClientSession,
+        pool: asyncpg.Pool,
+        caches: Caches,
+        *,
+        ttl: float,
+        timeout: float,
+        secret: str,
+    ) -> None:
+        self._cache = cache
+        self._http = http
+        self._pool = pool
+        self._ttl = ttl
+        self._timeout = timeout
+        # Keys the fingerprints, so Redis never holds a guessable digest of credentials.
+        self._secret = hashlib.sha256(b"mcp-gateway tool list:" + secret.encode()).digest()
+        # Redis entries are shared: a DELETE removes them for everyone (its NOTIFY then only
+        # stops fetches under way elsewhere from storing). Entries in memory are this
+        # process's own: only NOTIFY keeps them fresh.
+        self._shared = is_shared(cache)
+        # Set by Caches.set_listening: off while no NOTIFY can be heard (memory backend only).
+        self.enabled = False
+        # Memory keys carry (clears, epoch of the server): bumping them is an instant, sync
+        # drop from a NOTIFY callback. Any bump also stops an in-flight fetch from storing.
+        self._clears = 0
+        self._epochs: dict[uuid.UUID, int] = {}
+        self._fetches: dict[tuple[uuid.UUID, str], asyncio.Task[ToolList]] = {}
+        self._deletes: set[asyncio.Task[None]] = set()
+        caches.register(self, {TABLE: self._heard, "servers": self._server_changed})
+
+    @classmethod
+    def from_app(cls, app: web.Application) -> ToolLists:
+        settings = app[SETTINGS]
+        return cls(
+            app[SHARED_CACHE],
+            app[HTTP],
+            app[POOL],
+            app[CACHES],
+            ttl=settings.tools_cache_seconds,
+            # The proxy's bound: the playground answers 504 where the proxy would.
+            timeout=settings.proxy_timeout_seconds,
+            secret=settings.jwt_secret,
+        )
+
+    async def get(self, upstream: Upstream) -> ToolList:
+        """The cached list, else a fresh one (BadGateway / GatewayTimeout if that fails)."""
+        fingerprint = self._fingerprint(upstream)
+        if self._caching:
+            entry = await self._read(self._key(upstream.id, self._stamp(upstream.id)))
+            if entry is not None and entry.get("fingerprint") == fingerprint:
+                fetched_at = datetime.fromisoformat(entry["fetched_at"])
+                return ToolList(entry["tools"], fetched_at, cached=True)
+        flight = (upstream.id, fingerprint)
+        task = self._fetches.get(flight)
+        if task is None:
+            task = asyncio.create_task(self._fetch(upstream, fingerprint))
+            self._fetches[flight] = task
+            task.add_done_callback(lambda done: self._landed(flight, done))
+        # Shielded: a waiter that goes away (client disconnect) must not cancel the others'.
+        return await asyncio.shield(task)
+
+    async def drop(self, server_id: uuid.UUID) -> None:
+        """Forget a server's list here, in the shared cache and (NOTIFY) in every process."""
+        old_key = self._key(server_id, self._stamp(server_id))
+        self._forget(server_id)
+        try:
+            await self._cache.delete(old_key)
+        except _CACHE_ERRORS as exc:
+            raise ServiceUnavailable(f"the tool list cache is unavailable: {exc}") from None
+        await self._pool.execute("SELECT pg_notify($1, $2)", CHANNEL, f"{TABLE}:{server_id}")
+
+    def clear(self) -> None:
+        """Called when the listener connects or is lost: anything may have changed unheard."""
+        self._clears += 1
+        self._epochs.clear()
+
+    async def close(self) -> None:
+        tasks = [*self._fetches.values(), *self._deletes]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @property
+    def _caching(self) -> bool:
+        return self._shared or self.enabled
+
+    async def _fetch(self, upstream: Upstream, fingerprint: str) -> ToolList:
+        stamp = self._stamp(upstream.id)
+        try:
+            async with mcp_session(self._http, upstream, self._timeout) as client:
+                listed = await client.list_tools()
+        except McpTimeoutError as exc:
+            raise GatewayTimeout(f"cannot list the server's tools: {exc}") from None
+        except McpError as exc:
+            raise BadGateway(f"cannot list the server's tools: {exc}") from None
+        tools = [_descriptor(tool) for tool in listed if isinstance(tool.get("name"), str)]
+        fresh = ToolList(tools, datetime.now(UTC), cached=False)
+        # Not stored if the list was dropped (or listening changed) while it was being fetched.
+        if self._caching and stamp == self._stamp(upstream.id):
+            entry = {
+                "tools": tools,
+                "fetched_at": fresh.fetched_at.isoformat(),
+                "fingerprint": fingerprint,
+            }
+            await self._write(self._key(upstream.id, stamp), entry)
+        return fresh
+
+    def _landed(self, flight: tuple[uuid.UUID, str], task: asyncio.Task[ToolList]) -> None:
+        # Only if it is still the current fetch: a drop may have detached it already.
+        if self._fetches.get(flight) is task:
+            del self._fetches[flight]
+
+    def _heard(self, key: str) -> None:
+        self._forget(uuid.UUID(key))
+
+    def _server_changed(self, key: str) -> None:
+        # The fingerprint already keeps a changed server's old list from being served; this
+        # keeps it from coming back should the server return to its old url and credentials.
+        server_id = uuid.UUID(key)
+        self._forget(server_id)
+        if self._shared:
+            task = asyncio.create_task(
+                self._delete_quietly(self._key(server_id, self._stamp(server_id)))
+            )
+            self._deletes.add(task)
+            task.add_done_callback(self._deletes.discard)
+
+    def _forget(self, server_id: uuid.UUID) -> None:
+        self._epochs[server_id] = self._epochs.get(server_id, 0) + 1
+        # Requests from now on start a new fetch; the detached one still answers its waiters.
+        for flight in [f for f in self._fetches if f[0] == server_id]:
+            del self._fetches[flight]
+
+    def _stamp(self, server_id: uuid.UUID) -> tuple[int, int]:
+        return self._clears, self._epochs.get(server_id, 0)
+
+    def _key(self, server_id: uuid.UUID, stamp: tuple[int, int]) -> str:
+        if self._shared:
+            return f"{TABLE}:{server_id}"
+        return f"{TABLE}:{server_id}:{stamp[0]}.{stamp[1]}"
+
+    def _fingerprint(self, upstream: Upstream) -> str:
+        material = orjson.dumps([upstream.url, sorted(upstream.auth_headers.items())])
+        return hmac.new(self._secret, material, hashlib.sha256).hexdigest()
+
+    async def _read(self, key: str) -> dict[str, Any] | None:
+        # A cache outage costs a fetch per request, not the endpoint.
+        try:
+            entry = await self._cache.get(key)
+        except _CACHE_ERRORS as exc:
+            log.warning("tool list cache unavailable, fetching instead: %s", exc)
+            return None
+        return entry if isinstance(entry, dict) else None
+
+    async def _write(self, key: str, entry: dict[str, Any]) -> None:
+        try:
+            await self._cache.set(key, entry, ttl=self._ttl)
+        except _CACHE_ERRORS as exc:
+            log.warning("tool list cache unavailable, not storing: %s", exc)
+
+    async def _delete_quietly(self, key: str) -> None:
+        try:
+            await self._cache.delete(key)
+        except _CACHE_ERRORS as exc:
+            log.warning("tool list cache unavailable, not dropping %s: %s", key, exc)
+
+
+def _descriptor(tool: dict[str, Any]) -> dict[str, Any]:
+    """The playground's view of a tool; a missing description or schema gets a neutral one."""
+    description = tool.get("description")
+    schema = tool.get("inputSchema")
+    return {
+        "name": tool["name"],
+        "description": description if isinstance(description, str) else "",
+        "inputSchema": schema if isinstance(schema, dict) else {"type": "object"},
+    }

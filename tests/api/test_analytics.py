@@ -1,0 +1,397 @@
+"""/analytics: figures checked against exact ones computed here from the ingested raw calls;
+the window, validation, tenant isolation, the response cache, and `rollups rebuild`."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import shutil
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from gateway.db.rollups import floor_hour, rebuild
+from gateway.keys import POOL
+from tests.alerting import add_server
+from tests.support import Account, Api, Credential
+from tests.test_cli import environment
+
+ENDPOINTS = ("top-tools", "error-rates", "latency", "volume")
+TOOLS = ("search", "fetch", "summarise", "translate", "lookup", "Fetch")
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+async def post_calls(api: Api, auth: Credential, calls: list[dict[str, Any]]) -> None:
+    for start in range(0, len(calls), 1000):
+        await api.post("/tool-calls", json=calls[start : start + 1000], auth=auth, expect=201)
+
+
+def random_calls(
+    rng: random.Random, servers: list[str], now: datetime, count: int, hours: float
+) -> list[dict[str, Any]]:
+    """Calls spread over the last `hours`: several tools and statuses, latencies from 0 ms to
+    a minute (lognormal), and some without a duration."""
+    calls = []
+    for _ in range(count):
+        duration = None if rng.random() < 0.1 else int(rng.lognormvariate(math.log(80), 1.3))
+        calls.append(
+            {
+                "server_id": rng.choice(servers),
+                "tool_name": rng.choice(TOOLS),
+                "status": "error" if rng.random() < 0.15 else "success",
+                "caller_agent": rng.choice([None, "planner", "coder"]),
+                "duration_ms": None if duration is None else min(duration, 60_000),
+                "created_at": iso(now - timedelta(seconds=rng.uniform(0, hours * 3600))),
+            }
+        )
+    return calls
+
+
+def hour_of(call: dict[str, Any]) -> datetime:
+    return floor_hour(datetime.fromisoformat(call["created_at"]))
+
+
+def exact_percentile(values: list[int], fraction: float) -> float:
+    """Nearest rank: the smallest value with at least `fraction` of all values at or below."""
+    ordered = sorted(values)
+    return float(ordered[max(1, math.ceil(fraction * len(ordered))) - 1])
+
+
+def close(got: float | None, exact: float) -> bool:
+    """Within 1% of the exact value (plus the rounding to 2 decimals)."""
+    return got is not None and abs(got - exact) <= 0.01 * exact + 0.005
+
+
+async def analytics(api: Api, auth: Credential, endpoint: str, **params: Any) -> Any:
+    reply = await api.get(f"/analytics/{endpoint}", params=params, auth=auth, expect=200)
+    return reply.body
+
+
+async def check_against_raw(
+    api: Api, auth: Credential, calls: list[dict[str, Any]], days: int, server_id: str | None
+) -> None:
+    """Every endpoint's answer equals the figures of `calls` (those of the window)."""
+    params: dict[str, Any] = {"days": days}
+    if server_id is not None:
+        params["server_id"] = server_id
+        calls = [c for c in calls if c["server_id"] == server_id]
+    before = floor_hour(datetime.now(UTC))
+    volume = await analytics(api, auth, "volume", **params)
+    after = floor_hour(datetime.now(UTC))
+    hours = [datetime.fromisoformat(item["hour"]) for item in volume]
+    assert len(hours) == 24 * days
+    assert hours == [hours[0] + timedelta(hours=i) for i in range(24 * days)]
+    assert hours[-1] in (before, after)  # the current hour is the last
+    in_window = [c for c in calls if hours[0] <= hour_of(c) <= hours[-1]]
+    by_hour: dict[datetime, list[dict[str, Any]]] = defaultdict(list)
+    for call in in_window:
+        by_hour[hour_of(call)].append(call)
+
+    assert volume == [{"hour": iso(h), "call_count": len(by_hour[h])} for h in hours]
+
+    rates = await analytics(api, auth, "error-rates", **params)
+    expected_rates = []
+    for hour in hours:
+        total = len(by_hour[hour])
+        errors = sum(c["status"] == "error" for c in by_hour[hour])
+        expected_rates.append(
+            {"hour": iso(hour), "error_rate": errors / total if total else 0.0, "call_count": total}
+        )
+    assert rates == expected_rates
+
+    latency = await analytics(api, auth, "latency", **params)
+    assert [datetime.fromisoformat(item["hour"]) for item in latency] == hours
+    for item, hour in zip(latency, hours, strict=True):
+        durations = [c["duration_ms"] for c in by_hour[hour] if c.get("duration_ms") is not None]
+        if not durations:
+            assert item == {"hour": iso(hour), "p50_ms": None, "p95_ms": None, "p99_ms": None}
+            continue
+        for field, fraction in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)):
+            exact = exact_percentile(durations, fraction)
+            assert close(item[field], exact), (hour, field, item[field], exact)
+
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for call in in_window:
+        counts[call["tool_name"]][0] += 1
+        counts[call["tool_name"]][1] += call["status"] == "error"
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    expected_top = [{"tool_name": n, "call_count": c, "error_count": e} for n, (c, e) in ranked]
+    assert await analytics(api, auth, "top-tools", limit=100, **params) == expected_top
+    assert await analytics(api, auth, "top-tools", limit=2, **params) == expected_top[:2]
+
+
+async def workspace(api: Api) -> tuple[Account, str, list[str]]:
+    owner = await api.signup()
+    key = await api.api_key(owner)
+    servers = [await add_server(api, owner, f"server-{i}") for i in range(3)]
+    return owner, key, servers
+
+
+async def test_figures_equal_those_of_the_raw_calls(api: Api) -> None:
+    owner, key, servers = await workspace(api)
+    rng = random.Random(5)
+    now = datetime.now(UTC)
+    # Most calls in the last day, some over the last month, some older than any window.
+    calls = random_calls(rng, servers, now, 2000, hours=30)
+    calls += random_calls(rng, servers, now, 300, hours=24 * 29)
+    calls += random_calls(rng, servers[:1], now - timedelta(days=31), 50, hours=48)
+    # A burst of errors and slow calls in one hour, and an hour of calls without durations.
+    burst = now - timedelta(hours=5)
+    calls += [
+        {"server_id": servers[1], "tool_name": "fetch", "status": "error", "duration_ms": 5000 + i,
+         "created_at": iso(burst)}
+        for i in range(40)
+    ]  # fmt: skip
+    calls += [
+        {"server_id": servers[2], "tool_name": "lookup", "status": "success",
+         "created_at": iso(now - timedelta(days=3, minutes=i))}
+        for i in range(5)
+    ]  # fmt: skip
+    await post_calls(api, key, calls)
+    for days in (1, 7, 30):
+        await check_against_raw(api, owner, calls, days, None)
+    for server_id in servers:
+        await check_against_raw(api, key, calls, 7, server_id)
+
+
+async def test_defaults_and_validation(api: Api) -> None:
+    _, key, servers = await workspace(api)
+    assert len(await analytics(api, key, "volume")) == 7 * 24  # days defaults to 7
+    assert await analytics(api, key, "top-tools", days=1) == []
+    names = [f"tool-{i:03}" for i in range(120)]
+    now = iso(datetime.now(UTC))
+    calls = [
+        {"server_id": servers[0], "tool_name": name, "status": "success", "created_at": now}
+        for i, name in enumerate(names)
+        for _ in range(1 + i % 3)
+    ]
+    await post_calls(api, key, calls)
+    top = await analytics(api, key, "top-tools")
+    assert len(top) == 10  # limit defaults to 10
+    assert [t["call_count"] for t in top] == [3] * 10
+    assert [t["tool_name"] for t in top] == [n for i, n in enumerate(names) if i % 3 == 2][:10]
+    assert len(await analytics(api, key, "top-tools", limit=100)) == 100
+    for endpoint in ENDPOINTS:
+        for days in ("2", "0", "365", "seven", "7.5", ""):
+            reply = await api.get(f"/analytics/{endpoint}", params={"days": days}, auth=key)
+            assert reply.status == 422, (endpoint, days, reply.body)
+            assert reply.detail.startswith("query.days"), reply.detail
+        reply = await api.get(f"/analytics/{endpoint}", params={"server_id": "x"}, auth=key)
+        assert reply.status == 422
+        assert reply.detail.startswith("query.server_id"), reply.detail
+    for limit in ("0", "101", "x"):
+        reply = await api.get("/analytics/top-tools", params={"limit": limit}, auth=key)
+        assert reply.status == 422
+        assert reply.detail.startswith("query.limit"), reply.detail
+
+
+async def test_other_workspaces_are_invisible(api: Api) -> None:
+    owner, key, servers = await workspace(api)
+    other, other_key, other_servers = await workspace(api)
+    now = datetime.now(UTC)
+    mine = [{"server_id": servers[0], "tool_name": "a", "status": "success", "duration_ms": 10,
+             "created_at": iso(now)}]  # fmt: skip
+    theirs = [{"server_id": other_servers[0], "tool_name": "b", "status": "error",
+               "duration_ms": 99, "created_at": iso(now)}] * 3  # fmt: skip
+    await post_calls(api, key, mine)
+    await post_calls(api, other_key, theirs)
+    assert await analytics(api, owner, "top-tools") == [
+        {"tool_name": "a", "call_count": 1, "error_count": 0}
+    ]
+    assert (await analytics(api, owner, "volume", days=1))[-1]["call_count"] == 1
+    # Same parameters, other workspace: its own answer, not the one just cached.
+    assert await analytics(api, other, "top-tools") == [
+        {"tool_name": "b", "call_count": 3, "error_count": 3}
+    ]
+    # A server of another workspace (or none at all) matches nothing, as in GET /tool-calls.
+    for server_id in (other_servers[0], str(uuid.uuid4())):
+        assert await analytics(api, owner, "top-tools", server_id=server_id) == []
+        volume = await analytics(api, owner, "volume", days=1, server_id=server_id)
+        assert len(volume) == 24
+        assert all(item["call_count"] == 0 for item in volume)
+        rates = await analytics(api, owner, "error-rates", days=1, server_id=server_id)
+        assert all(item["error_rate"] == 0.0 and item["call_count"] == 0 for item in rates)
+        latency = await analytics(api, owner, "latency", days=1, server_id=server_id)
+        assert all(item["p50_ms"] is None for item in latency)
+
+
+async def same_hour(fn: Any) -> Any:
+    """Run `fn` (which compares answers across calls) again if the UTC hour changed meanwhile:
+    the hour is part of the cache key."""
+    for _ in range(2):
+        hour = floor_hour(datetime.now(UTC))
+        result = await fn()
+        if floor_hour(datetime.now(UTC)) == hour:
+            return result
+    raise AssertionError("the hour changed twice")
+
+
+async def test_answers_are_cached_per_workspace_and_parameters(api: Api) -> None:
+    owner, key, servers = await workspace(api)
+    now = datetime.now(UTC)
+
+    def call(tool: str) -> dict[str, Any]:
+        return {
+            "server_id": servers[0],
+            "tool_name": tool,
+            "status": "success",
+            "duration_ms": 20,
+            "created_at": iso(now),
+        }
+
+    await post_calls(api, key, [call("a")])
+
+    async def scenario() -> None:
+        first = {e: await analytics(api, key, e, days=1) for e in ENDPOINTS}
+        await post_calls(api, key, [call("b")] * 3)
+        # Within the time to live: the same answers, for a token of the workspace as well.
+        for endpoint in ENDPOINTS:
+            assert await analytics(api, owner, endpoint, days=1) == first[endpoint]
+        # Other parameters are other answers, computed now.
+        top = await analytics(api, key, "top-tools", days=1, limit=5)
+        assert [t["tool_name"] for t in top] == ["b", "a"]
+        volume = await analytics(api, key, "volume", days=1, server_id=servers[0])
+        assert volume[-1]["call_count"] == 4
+
+    await same_hour(scenario)
+
+
+async def test_a_short_time_to_live_refreshes(make_api: Any) -> None:
+    api = await make_api(analytics_cache_seconds=0.05)
+    _, key, servers = await workspace(api)
+    now = datetime.now(UTC)
+    call = {"server_id": servers[0], "tool_name": "a", "status": "success", "duration_ms": 30,
+            "created_at": iso(now)}  # fmt: skip
+    await post_calls(api, key, [call])
+
+    async def scenario() -> None:
+        assert (await analytics(api, key, "volume", days=1))[-1]["call_count"] == 1
+        await post_calls(api, key, [call, {**call, "duration_ms": 3000}])
+        await asyncio.sleep(0.1)
+        assert (await analytics(api, key, "volume", days=1))[-1]["call_count"] == 3
+        latency = await analytics(api, key, "latency", days=1)
+        assert latency[-1]["p99_ms"] is not None and close(latency[-1]["p99_ms"], 3000)
+
+    await same_hour(scenario)
+
+
+async def test_kept_percentiles_follow_late_calls_and_deleted_servers(
+    make_api: Any, db: asyncpg.Connection
+) -> None:
+    """Past hours' percentiles are kept, and recomputed once their rollups change."""
+    api = await make_api(analytics_cache_seconds=0.01)
+    owner, key, servers = await workspace(api)
+    past = floor_hour(datetime.now(UTC)) - timedelta(hours=3)
+
+    def calls(server: str, duration: int, count: int) -> list[dict[str, Any]]:
+        return [
+            {"server_id": server, "tool_name": "t", "status": "success", "duration_ms": duration,
+             "created_at": iso(past + timedelta(minutes=10))}
+            for _ in range(count)
+        ]  # fmt: skip
+
+    await post_calls(api, key, calls(servers[0], 100, 10) + calls(servers[1], 2000, 5))
+
+    async def hour_item(**params: Any) -> dict[str, Any]:
+        await asyncio.sleep(0.02)  # past the response cache
+        latency = await analytics(api, key, "latency", days=1, **params)
+        item: dict[str, Any] = next(i for i in latency if i["hour"] == iso(past))
+        return item
+
+    first = await hour_item()
+    assert close(first["p50_ms"], 100) and close(first["p95_ms"], 2000)
+    assert await db.fetchval("SELECT count(*) FROM tool_call_latency_hourly") == 1
+    assert close((await hour_item(server_id=servers[1]))["p50_ms"], 2000)
+    assert await db.fetchval("SELECT count(*) FROM tool_call_latency_hourly") == 2
+    # Calls that arrive late for a past hour change it.
+    await post_calls(api, key, calls(servers[0], 7, 30))
+    changed = await hour_item()
+    assert close(changed["p50_ms"], 7) and close(changed["p95_ms"], 2000)
+    # Deleting a server takes its calls out.
+    await api.delete(f"/servers/{servers[1]}", auth=owner, expect=204)
+    remaining = await hour_item()
+    assert close(remaining["p50_ms"], 7) and close(remaining["p99_ms"], 100)
+    assert await db.fetchval("SELECT count(*) FROM tool_call_latency_hourly") == 1
+
+
+async def snapshot(db: asyncpg.Connection) -> list[dict[str, Any]]:
+    rows = await db.fetch(
+        "SELECT * FROM tool_call_hourly ORDER BY workspace_id, server_id, tool_name, hour"
+    )
+    return [dict(row) for row in rows]
+
+
+async def test_rebuild_gives_what_the_writer_wrote(api: Api, db: asyncpg.Connection) -> None:
+    _, key, servers = await workspace(api)
+    _, other_key, other_servers = await workspace(api)
+    rng = random.Random(9)
+    now = datetime.now(UTC)
+    # Several requests, so rollup rows are upserted more than once (histograms merged).
+    for _ in range(4):
+        await post_calls(api, key, random_calls(rng, servers, now, 700, hours=72))
+    await post_calls(api, other_key, random_calls(rng, other_servers, now, 300, hours=10))
+    # Edges of the histogram: 0 ms, the last exact bucket, the first growing one, huge values.
+    edges = [0, 1, 49, 50, 51, 1000, 2**31 - 1]
+    await post_calls(
+        api,
+        key,
+        [
+            {"server_id": servers[0], "tool_name": "edge", "status": "success", "duration_ms": d,
+             "created_at": iso(now)}
+            for d in edges
+        ],
+    )  # fmt: skip
+    written = await snapshot(db)
+    assert sum(row["call_count"] for row in written) == 4 * 700 + 300 + len(edges)
+
+    async with api.app[POOL].acquire() as conn:
+        done = await rebuild(conn)
+    assert done.deleted == done.inserted == len(written)
+    assert await snapshot(db) == written
+
+    # Scoped to one workspace, after its rollups were lost: the other's stay as they were.
+    workspace_id = await db.fetchval("SELECT workspace_id FROM servers WHERE id = $1", servers[0])
+    await db.execute("DELETE FROM tool_call_hourly WHERE workspace_id = $1", workspace_id)
+    async with api.app[POOL].acquire() as conn:
+        done = await rebuild(conn, workspace_id)
+    assert done.deleted == 0
+    assert await snapshot(db) == written
+
+
+async def test_rebuild_command(api: Api, db: asyncpg.Connection, database_url: str) -> None:
+    owner, key, servers = await workspace(api)
+    await post_calls(api, key, random_calls(random.Random(3), servers, datetime.now(UTC), 500, 50))
+    written = await snapshot(db)
+    await db.execute("DELETE FROM tool_call_hourly")
+    command = shutil.which("mcp-gateway")
+    args = [command] if command else [sys.executable, "-m", "gateway"]
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [*args, "rollups", "rebuild", "--workspace", owner.workspace_id],
+        env=environment(DATABASE_URL=database_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"workspace {owner.workspace_id}" in result.stdout
+    assert await snapshot(db) == written
+    # A workspace id that is not one is refused by the argument parser.
+    bad = await asyncio.to_thread(
+        subprocess.run,
+        [*args, "rollups", "rebuild", "--workspace", "nope"],
+        env=environment(DATABASE_URL=database_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--workspace" in bad.stderr

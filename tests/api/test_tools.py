@@ -1,0 +1,443 @@
+"""The tool playground: listing (cached, dropped in every process, fetched once at a time),
+invoking with argument checks and a logged tool call, and who may do what."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from gateway.keys import CACHES, SHARED_CACHE, TOOL_LISTS
+from tests.alerting import add_server
+from tests.conftest import AppFactory
+from tests.sdk_server import build_server
+from tests.support import Account, Api, Credential, Reply
+from tests.upstreams import (
+    SDK_TOOL_NAMES,
+    FakeUpstream,
+    default_tools,
+    fake_upstream,
+    free_port,
+    serve_loopback,
+    unused_url,
+)
+
+PLAYGROUND = "mcp-gateway-playground"
+# A database of its own on the local Redis, so other tests' keys never meet ours.
+REDIS_URL = "redis://127.0.0.1:6379/11"
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+async def listening(api: Api) -> None:
+    """Wait for the NOTIFY listener: until then the in-memory backend caches nothing."""
+    tool_lists = api.app[TOOL_LISTS]
+    deadline = time.monotonic() + 5
+    while not tool_lists.enabled:
+        assert time.monotonic() < deadline, "the cache listener never connected"
+        await asyncio.sleep(0.02)
+
+
+async def setup(api: Api, url: str) -> tuple[Account, str]:
+    """An org owner and a server of their workspace at `url`, with the listener up."""
+    owner = await api.org(await api.signup())
+    server_id = await add_server(api, owner, "upstream", url)
+    await listening(api)
+    return owner, server_id
+
+
+async def tools(api: Api, server_id: str, auth: Credential, expect: int = 200) -> Reply:
+    return await api.get(f"/servers/{server_id}/tools", auth=auth, expect=expect)
+
+
+async def invoke(
+    api: Api,
+    server_id: str,
+    auth: Credential,
+    tool_name: str,
+    arguments: Any = None,
+    expect: int = 200,
+) -> Reply:
+    body: dict[str, Any] = {"tool_name": tool_name}
+    if arguments is not None:
+        body["arguments"] = arguments
+    return await api.post(f"/servers/{server_id}/tools/invoke", json=body, auth=auth, expect=expect)
+
+
+async def drop(api: Api, server_id: str, auth: Credential, expect: int = 204) -> Reply:
+    return await api.delete(f"/servers/{server_id}/tools/cache", auth=auth, expect=expect)
+
+
+async def logged(api: Api, auth: Credential, server_id: str) -> list[dict[str, Any]]:
+    reply = await api.get("/tool-calls", params={"server_id": server_id}, auth=auth, expect=200)
+    assert reply.body["total"] == len(reply.body["items"])
+    items: list[dict[str, Any]] = reply.body["items"]
+    return items
+
+
+async def sdk_descriptors() -> dict[str, dict[str, Any]]:
+    """The tools tests/sdk_server.py defines, as the SDK itself describes them."""
+    described = {}
+    for tool in await build_server(None).list_tools():
+        dumped = tool.model_dump(by_alias=True, exclude_none=True, mode="json")
+        described[tool.name] = {
+            "name": dumped["name"],
+            "description": dumped["description"],
+            "inputSchema": dumped["inputSchema"],
+        }
+    return described
+
+
+@contextlib.asynccontextmanager
+async def gated_upstream() -> AsyncIterator[tuple[FakeUpstream, asyncio.Event, list[bytes]]]:
+    """A FakeUpstream whose tools/list answers wait until the yielded event is set; the list
+    holds every tools/list request as it arrives."""
+    fake = FakeUpstream()
+    gate = asyncio.Event()
+    held: list[bytes] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()  # kept by aiohttp, so the fake reads it again
+        if b'"tools/list"' in raw:
+            held.append(raw)
+            await gate.wait()
+        return await fake.handle(request)
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", handle)
+    async with serve_loopback(app) as base_url:
+        fake.url = f"{base_url}/mcp"
+        yield fake, gate, held
+        gate.set()
+
+
+async def until(condition: Any, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+# -- listing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("upstream", ["sdk_sse_url", "sdk_json_url"])
+async def test_lists_the_tools_the_sdk_server_defines(
+    api: Api, upstream: str, request: pytest.FixtureRequest
+) -> None:
+    owner, server_id = await setup(api, request.getfixturevalue(upstream))
+    reply = await tools(api, server_id, owner)
+    assert reply.body["server_id"] == server_id
+    listed = {tool["name"]: tool for tool in reply.body["tools"]}
+    # The SSE server pages by two, so this also follows nextCursor. Tools other tests
+    # registered at run time in the shared server may come on top.
+    assert set(listed) >= SDK_TOOL_NAMES
+    for name, expected in (await sdk_descriptors()).items():
+        assert listed[name] == expected
+
+
+async def test_the_list_is_cached_until_the_cache_is_dropped(api: Api, sdk_json_url: str) -> None:
+    owner, server_id = await setup(api, sdk_json_url)
+    first = (await tools(api, server_id, owner)).body
+    assert first["cached"] is False
+    second = (await tools(api, server_id, owner)).body
+    assert second["cached"] is True
+    assert second["cached_at"] == first["cached_at"]
+    assert second["tools"] == first["tools"]
+
+    await drop(api, server_id, owner)
+    third = (await tools(api, server_id, owner)).body
+    assert third["cached"] is False
+    assert third["cached_at"] != first["cached_at"]
+    assert (await tools(api, server_id, owner)).body["cached"] is True
+
+
+async def test_with_redis_processes_share_the_list_and_its_drop(
+    make_api: AppFactory, sdk_json_url: str
+) -> None:
+    a, b = await make_api(redis_url=REDIS_URL), await make_api(redis_url=REDIS_URL)
+    owner, server_id = await setup(a, sdk_json_url)
+    try:
+        fetched = (await tools(a, server_id, owner)).body
+        assert fetched["cached"] is False
+        shared = (await tools(b, server_id, owner)).body  # the other process: from Redis
+        assert shared["cached"] is True
+        assert shared["cached_at"] == fetched["cached_at"]
+
+        await drop(b, server_id, owner)
+        # No NOTIFY needed: the entry is gone from Redis for everyone at once.
+        assert (await tools(a, server_id, owner)).body["cached"] is False
+        assert (await tools(b, server_id, owner)).body["cached"] is True
+    finally:
+        await a.app[SHARED_CACHE].delete(f"tool_list:{server_id}")
+
+
+async def test_a_drop_in_one_process_reaches_the_memory_of_another(
+    make_api: AppFactory, sdk_json_url: str
+) -> None:
+    a, b = await make_api(), await make_api()  # two gateway processes, one database
+    owner, server_id = await setup(a, sdk_json_url)
+    await listening(b)
+    await tools(a, server_id, owner)
+    assert (await tools(a, server_id, owner)).body["cached"] is True
+
+    await drop(b, server_id, owner)
+    # A hears the NOTIFY a moment later; from then on it fetches again.
+    deadline = time.monotonic() + 5
+    while (await tools(a, server_id, owner)).body["cached"]:
+        assert time.monotonic() < deadline, "process A kept serving the dropped list"
+        await asyncio.sleep(0.02)
+    assert (await tools(a, server_id, owner)).body["cached"] is True
+
+
+async def test_nothing_is_served_from_memory_while_invalidations_cannot_be_heard(
+    api: Api, sdk_json_url: str
+) -> None:
+    owner, server_id = await setup(api, sdk_json_url)
+    await tools(api, server_id, owner)
+    assert (await tools(api, server_id, owner)).body["cached"] is True
+
+    api.app[CACHES].set_listening(False)  # what the listener does when its connection drops
+    assert (await tools(api, server_id, owner)).body["cached"] is False
+    assert (await tools(api, server_id, owner)).body["cached"] is False
+    api.app[CACHES].set_listening(True)  # reconnected: what was cached before is gone too
+    assert (await tools(api, server_id, owner)).body["cached"] is False
+    assert (await tools(api, server_id, owner)).body["cached"] is True
+
+
+async def test_a_changed_server_is_never_answered_from_its_old_list(
+    api: Api, sdk_json_url: str
+) -> None:
+    async with fake_upstream() as fake:
+        owner, server_id = await setup(api, fake.url)
+        await tools(api, server_id, owner)
+        assert (await tools(api, server_id, owner)).body["cached"] is True
+
+        path = f"/servers/{server_id}"
+        await api.patch(path, json={"url": sdk_json_url}, auth=owner, expect=200)
+        moved = (await tools(api, server_id, owner)).body
+        assert moved["cached"] is False
+        assert {tool["name"] for tool in moved["tools"]} >= SDK_TOOL_NAMES
+
+        await api.patch(path, json={"url": fake.url}, auth=owner, expect=200)
+        back = (await tools(api, server_id, owner)).body
+        assert back["cached"] is False
+        assert [tool["name"] for tool in back["tools"]] == [t["name"] for t in default_tools()]
+        assert (await tools(api, server_id, owner)).body["cached"] is True
+
+        credentials = {"auth_type": "bearer", "auth_credentials": {"token": "new-token"}}
+        await api.patch(path, json=credentials, auth=owner, expect=200)
+        assert (await tools(api, server_id, owner)).body["cached"] is False
+        assert fake.requests[-1].headers["Authorization"] == "Bearer new-token"
+
+        await api.delete(path, auth=owner, expect=204)
+        await tools(api, server_id, owner, expect=404)
+
+
+async def test_concurrent_requests_on_a_cold_cache_share_one_fetch(api: Api) -> None:
+    async with gated_upstream() as (fake, gate, held):
+        owner, server_id = await setup(api, fake.url)
+        pending = [asyncio.create_task(tools(api, server_id, owner)) for _ in range(10)]
+        await until(lambda: len(held) > 0)
+        await asyncio.sleep(0.3)  # let the other requests arrive while the fetch is held
+        gate.set()
+        replies = await asyncio.gather(*pending)
+    assert len(held) == 1
+    assert fake.rpc_methods().count("tools/list") == 1
+    assert fake.rpc_methods().count("initialize") == 1
+    assert len({reply.body["cached_at"] for reply in replies}) == 1
+
+
+# -- listing failures ------------------------------------------------------------------------
+
+
+async def test_an_unreachable_server_is_502(api: Api) -> None:
+    owner, server_id = await setup(api, unused_url())
+    reply = await tools(api, server_id, owner, expect=502)
+    assert "connection refused" in reply.detail
+
+
+async def test_a_server_answering_500_or_a_json_rpc_error_is_502(api: Api) -> None:
+    async with fake_upstream(status=500) as fake:
+        owner, server_id = await setup(api, fake.url)
+        assert "HTTP 500" in (await tools(api, server_id, owner, expect=502)).detail
+        fake.status = None
+        fake.rpc_error = (-32603, "the tool registry is down")
+        reply = await tools(api, server_id, owner, expect=502)
+        assert "JSON-RPC error -32603: the tool registry is down" in reply.detail
+
+
+async def test_a_server_that_does_not_answer_in_time_is_504(make_api: AppFactory) -> None:
+    api = await make_api(proxy_timeout_seconds=0.3)
+    async with fake_upstream(delay=2.0) as fake:
+        owner, server_id = await setup(api, fake.url)
+        reply = await tools(api, server_id, owner, expect=504)
+        assert "timed out" in reply.detail
+
+
+async def test_without_redis_the_list_is_still_served_uncached(make_api: AppFactory) -> None:
+    api = await make_api(redis_url=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens
+    async with fake_upstream() as fake:
+        owner, server_id = await setup(api, fake.url)
+        assert (await tools(api, server_id, owner)).body["cached"] is False
+        assert (await tools(api, server_id, owner)).body["cached"] is False
+        # A drop cannot be promised, so it is refused rather than pretended.
+        await drop(api, server_id, owner, expect=503)
+
+
+# -- invoking --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("upstream", ["sdk_sse_url", "sdk_json_url"])
+async def test_invoke_calls_the_tool_and_logs_the_call(
+    api: Api, upstream: str, request: pytest.FixtureRequest
+) -> None:
+    owner, server_id = await setup(api, request.getfixturevalue(upstream))
+    reply = await invoke(api, server_id, owner, "add", {"a": 2, "b": 3})
+    answer = reply.body
+    assert answer["status"] == "success"
+    assert answer["error_message"] is None
+    assert answer["result"]["content"] == [{"type": "text", "text": "5"}]
+    assert answer["result"]["structuredContent"] == {"result": 5}
+    assert answer["result"].get("isError") is False
+    assert isinstance(answer["duration_ms"], int) and answer["duration_ms"] >= 0
+
+    [row] = await logged(api, owner, server_id)  # committed before the answer
+    assert row["id"] == answer["tool_call_id"]
+    assert row["server_id"] == server_id
+    assert row["server_name"] == "upstream"
+    assert row["tool_name"] == "add"
+    assert row["caller_agent"] == PLAYGROUND
+    assert row["status"] == "success"
+    assert row["error_message"] is None
+    assert row["duration_ms"] == answer["duration_ms"]
+    assert row["output_size_bytes"] == len(orjson.dumps(answer["result"]))
+    assert row["input_tokens"] is None and row["output_tokens"] is None
+
+
+async def test_a_tool_result_with_is_error_is_status_error(api: Api, sdk_json_url: str) -> None:
+    owner, server_id = await setup(api, sdk_json_url)
+    answer = (await invoke(api, server_id, owner, "fail")).body
+    assert answer["status"] == "error"
+    assert answer["result"]["isError"] is True
+    assert answer["error_message"] == "Error executing tool fail"
+    [row] = await logged(api, owner, server_id)
+    assert row["id"] == answer["tool_call_id"]
+    assert (row["status"], row["error_message"]) == ("error", "Error executing tool fail")
+    assert row["caller_agent"] == PLAYGROUND
+
+
+async def test_an_unreachable_server_is_a_logged_error_not_an_http_error(api: Api) -> None:
+    owner, server_id = await setup(api, unused_url())
+    answer = (await invoke(api, server_id, owner, "echo", {"text": "hi"})).body
+    assert answer["status"] == "error"
+    assert answer["result"] is None
+    assert "connection refused" in answer["error_message"]
+    [row] = await logged(api, owner, server_id)
+    assert (row["id"], row["tool_name"]) == (answer["tool_call_id"], "echo")
+    assert (row["status"], row["error_message"]) == ("error", answer["error_message"])
+    assert row["output_size_bytes"] is None
+
+
+async def test_a_call_answered_with_http_500_is_status_error(api: Api) -> None:
+    async with fake_upstream() as fake:
+        owner, server_id = await setup(api, fake.url)
+        await tools(api, server_id, owner)  # listed while healthy: the call itself fails
+        fake.status = 500
+        answer = (await invoke(api, server_id, owner, "alpha", {"x": "1"})).body
+    assert answer["status"] == "error"
+    assert "HTTP 500" in answer["error_message"]
+    [row] = await logged(api, owner, server_id)
+    assert (row["tool_name"], row["status"]) == ("alpha", "error")
+    assert row["error_message"] == answer["error_message"]
+
+
+async def test_a_call_that_times_out_is_status_error(make_api: AppFactory) -> None:
+    api = await make_api(proxy_timeout_seconds=0.3)
+    async with fake_upstream() as fake:
+        owner, server_id = await setup(api, fake.url)
+        await tools(api, server_id, owner)
+        fake.delay = 2.0
+        answer = (await invoke(api, server_id, owner, "alpha")).body
+    assert answer["status"] == "error"
+    assert "timed out" in answer["error_message"]
+    [row] = await logged(api, owner, server_id)
+    assert row["status"] == "error" and "timed out" in row["error_message"]
+
+
+async def test_a_json_rpc_error_while_listing_is_status_error(api: Api) -> None:
+    async with fake_upstream(rpc_error=(-32603, "registry down")) as fake:
+        owner, server_id = await setup(api, fake.url)
+        answer = (await invoke(api, server_id, owner, "alpha")).body
+    assert answer["status"] == "error"
+    assert "JSON-RPC error -32603: registry down" in answer["error_message"]
+    assert len(await logged(api, owner, server_id)) == 1
+
+
+async def test_arguments_that_break_the_schema_are_422_and_not_called(
+    api: Api, sdk_json_url: str
+) -> None:
+    owner, server_id = await setup(api, sdk_json_url)
+    reply = await invoke(api, server_id, owner, "add", {"a": "two"}, expect=422)
+    assert "body.arguments.a: 'two' is not of type 'integer'" in reply.detail
+    assert "body.arguments: 'b' is a required property" in reply.detail
+    reply = await invoke(api, server_id, owner, "add", ["not", "an", "object"], expect=422)
+    assert "body.arguments" in reply.detail
+    assert await logged(api, owner, server_id) == []
+
+
+async def test_an_unknown_tool_is_422_and_not_logged(api: Api, sdk_json_url: str) -> None:
+    owner, server_id = await setup(api, sdk_json_url)
+    reply = await invoke(api, server_id, owner, "no_such_tool", {}, expect=422)
+    assert reply.detail.startswith("body.tool_name: the server has no tool named 'no_such_tool'")
+    assert await logged(api, owner, server_id) == []
+
+
+async def test_invoke_uses_the_tool_list_of_the_cache(api: Api) -> None:
+    async with fake_upstream() as fake:
+        owner, server_id = await setup(api, fake.url)
+        await tools(api, server_id, owner)
+        await invoke(api, server_id, owner, "alpha", {"x": "a"})
+        await invoke(api, server_id, owner, "bravo", {"x": "b"})
+    assert fake.rpc_methods().count("tools/list") == 1
+    assert fake.rpc_methods().count("tools/call") == 2
+
+
+# -- who may do what -------------------------------------------------------------------------
+
+
+async def test_members_and_api_keys_may_list_but_only_admins_invoke_or_drop(
+    api: Api, sdk_json_url: str
+) -> None:
+    owner, server_id = await setup(api, sdk_json_url)
+    admin = await api.member(owner, "admin")
+    member = await api.member(owner, "member")
+    key = await api.api_key(owner)
+    for reader in (member, key):
+        await tools(api, server_id, reader)
+        await invoke(api, server_id, reader, "echo", {"text": "hi"}, expect=403)
+        await drop(api, server_id, reader, expect=403)
+    assert await logged(api, owner, server_id) == []
+    answer = (await invoke(api, server_id, admin, "echo", {"text": "hi"})).body
+    assert answer["status"] == "success"
+    await drop(api, server_id, admin)
+
+
+async def test_another_workspace_cannot_see_or_use_the_server(api: Api, sdk_json_url: str) -> None:
+    owner, server_id = await setup(api, sdk_json_url)
+    await tools(api, server_id, owner)
+    outsider = await api.org(await api.signup(), name="Elsewhere")
+    outsider_key = await api.api_key(outsider)
+    for caller in (outsider, outsider_key):
+        assert (await tools(api, server_id, caller, expect=404)).detail == "server not found"
+    await drop(api, server_id, outsider, expect=404)
+    await invoke(api, server_id, outsider, "echo", {"text": "hi"}, expect=404)
+    assert await logged(api, owner, server_id) == []
+    assert (await tools(api, server_id, owner)).body["cached"] is True  # still cached
