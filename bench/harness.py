@@ -197,6 +197,7 @@ class WrkResult:
 def _ms(text: str) -> float:
     match = re.fullmatch(r"([\d.]+)(us|ms|s|m|h)", text)
     if match is None:
+        print(f"wrk: cannot read a latency from {text!r}", file=sys.stderr)
         return float("nan")
     value, unit = match.groups()
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1e3, "m": 6e4, "h": 3.6e6}[unit]
@@ -233,8 +234,8 @@ def wrk(url: str, connections: int, seconds: float, api_key: str = "") -> WrkRes
         os.unlink(script.name)
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"^\s*50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"^\s*99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(
         r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out
