@@ -130,6 +130,7 @@ def main() -> None:
         }
         for url, key in targets.values():  # warm up connections, caches, JIT-free but still
             wrk(url, 16, 2, key)
+        time.sleep(1)  # the warm-up's last calls: still in flight or queued for the log
         logged_before = asyncio.run(gw.count_calls())
         gateway_requests = 0
         for c in connections:

@@ -107,6 +107,8 @@ async def _http_client(app: web.Application) -> AsyncIterator[None]:
     # No total timeout: long SSE streams are legitimate. Each use bounds connect and reads.
     session = aiohttp.ClientSession(
         auto_decompress=False,
+        # Shared by every tenant: a cookie one upstream sets must never reach another request.
+        cookie_jar=aiohttp.DummyCookieJar(),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300),
     )

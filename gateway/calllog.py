@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -123,25 +122,6 @@ class ToolCall(NamedTuple):
     output_size_bytes: int | None
     error_message: str | None
     created_at: datetime
-
-
-_UUID7_CLEAR = ~((0xF << 76) | (0x3 << 62))
-_UUID7_SET = (0x7 << 76) | (0x2 << 62)  # version 7, RFC variant
-
-
-def uuid7() -> uuid.UUID:
-    """A time-ordered UUID (RFC 9562 version 7): new rows append to the primary key index."""
-    return uuid7s(1)[0]
-
-
-def uuid7s(count: int) -> list[uuid.UUID]:
-    """`count` version 7 UUIDs of this millisecond, with one clock read and one urandom call."""
-    millis = (time.time_ns() // 1_000_000) << 80
-    noise = os.urandom(10 * count)
-    return [
-        uuid.UUID(int=(millis | int.from_bytes(noise[i : i + 10])) & _UUID7_CLEAR | _UUID7_SET)
-        for i in range(0, 10 * count, 10)
-    ]
 
 
 def clean_text(value: str | None) -> str | None:

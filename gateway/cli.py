@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 import time
@@ -23,6 +24,11 @@ T = TypeVar("T")
 
 log = logging.getLogger("gateway")
 
+# Net allocations between young-generation collections; the default is 700. With 64 requests
+# in flight, live request objects alone crossed 700 all the time: 1,200 collections per 20,000
+# proxied calls. Requests make next to no cyclic garbage, so at 10,000 they almost never run.
+_GC_YOUNG_THRESHOLD = 10_000
+
 
 def _settings() -> Settings:
     """Settings from the environment, with the embedded PostgreSQL when DATABASE_URL is unset."""
@@ -38,8 +44,10 @@ def serve(args: argparse.Namespace) -> None:
     settings = _settings()
     settings = settings.replace(host=args.host or settings.host, port=args.port or settings.port)
     log.info("mcp-gateway listening on http://%s:%d", settings.host, settings.port)
+    app = create_app(settings)
+    app.on_startup.append(_freeze_startup_objects)  # after the cleanup contexts have started
     web.run_app(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         loop=uvloop.new_event_loop(),
@@ -48,6 +56,15 @@ def serve(args: argparse.Namespace) -> None:
         # Drain in-flight requests (and the call log, via cleanup) on SIGTERM.
         shutdown_timeout=30,
     )
+
+
+async def _freeze_startup_objects(_app: web.Application) -> None:
+    """Keep the garbage collector off the hot path: it took ~55 µs per proxied call (bench/proxy.py
+    at c=64). Everything built at startup lives as long as the process, yet each full
+    collection walked it all again (~50 ms each); frozen, it is never scanned."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def _database_only() -> str:

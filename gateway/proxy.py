@@ -12,19 +12,23 @@ gateway authenticates by header only (X-API-Key or a bearer token), never by coo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Annotated, Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+from pydantic import Field
+from uuid_utils.compat import uuid7  # time-ordered: new rows append to the primary key
 
 from gateway.api.routing import API_PREFIX, Routes
 from gateway.auth import PRINCIPAL, USE, Access
-from gateway.calllog import ToolCall, clean_text, uuid7
+from gateway.calllog import ToolCall, clean_text
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, PayloadTooLarge
 from gateway.keys import CALL_LOG, HTTP, SETTINGS, UPSTREAMS
 from gateway.upstreams import Upstream
@@ -66,9 +70,16 @@ _PASS_BACK = (
 # aiohttp would add its own; a transparent proxy sends only what the caller sent.
 _SKIP_AUTO_HEADERS = frozenset({"User-Agent", "Accept"})
 
+
+def _sends_auto_headers(headers: CIMultiDict[str]) -> bool:
+    return "User-Agent" in headers and "Accept" in headers
+
+
 _TOOLS_CALL = "tools/call"
 _MAX_TOOL_NAME = 255
 _UNNAMED_TOOL = "(unnamed)"
+# Non-streamed replies up to this size are read whole and sent in one write (see _buffered).
+_BUFFERED_REPLY_BYTES = 1 << 20
 # How often an idle server-initiated (GET) stream checks that its client is still there.
 _CLIENT_CHECK_SECONDS = 15.0
 
@@ -107,6 +118,12 @@ def _tool_name(message: dict[str, object]) -> str:
     return clean_text(name[:_MAX_TOOL_NAME]) or _UNNAMED_TOOL
 
 
+@functools.lru_cache(maxsize=1024)  # callers send the same few header names again and again
+def _forwarded(name: str) -> bool:
+    lowered = name.lower()
+    return lowered in _FORWARD or lowered.startswith(_FORWARD_PREFIX)
+
+
 def upstream_headers(
     incoming: CIMultiDictProxy[str], auth_headers: dict[str, str]
 ) -> CIMultiDict[str]:
@@ -116,14 +133,31 @@ def upstream_headers(
         named_by_connection = {token.strip().lower() for token in connection.split(",")}
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in incoming.items():
-        lowered = name.lower()
-        if (
-            lowered in _FORWARD or lowered.startswith(_FORWARD_PREFIX)
-        ) and lowered not in named_by_connection:
+        if _forwarded(name) and (
+            not named_by_connection or name.lower() not in named_by_connection
+        ):
             headers.add(name, value)
     headers["Accept-Encoding"] = "identity"
     headers.update(auth_headers)
     return headers
+
+
+# For the OpenAPI document only: the proxy passes both through without validating them.
+JsonRpcMessage = Annotated[
+    Any, Field(description="any MCP JSON-RPC message or batch, forwarded byte for byte")
+]
+UpstreamReply = Annotated[
+    Any,
+    Field(
+        description="the server's answer, unchanged: JSON, or an SSE stream "
+        "(text/event-stream) when the server streams"
+    ),
+]
+
+
+class UpstreamResponse(web.Response):
+    """An upstream's answer passed back unchanged: its status and body are the server's, not
+    the gateway API's (so they follow no schema of ours)."""
 
 
 class _Outcome:
@@ -142,6 +176,8 @@ class _Outcome:
     PROXY_PATH,
     summary="Forward an MCP request to a registered server",
     access=USE,
+    request_body=JsonRpcMessage,
+    response=UpstreamReply,
     errors=(404, 413, 502, 504),
 )
 @routes.route(
@@ -186,27 +222,32 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
             _record(request, upstream, tools, outcome, started)
 
 
+@functools.cache
+def _timeout(seconds: float, is_get: bool) -> aiohttp.ClientTimeout:
+    # Silence is bounded, not length: a stream may send for as long as it likes. A GET stream
+    # (server-initiated messages) may even be silent: see _pump.
+    return aiohttp.ClientTimeout(
+        total=None, sock_connect=seconds, sock_read=None if is_get else seconds
+    )
+
+
 async def _exchange(
     request: web.Request, upstream: Upstream, body: bytes, outcome: _Outcome
 ) -> web.StreamResponse:
     app = request.app
     timeout_seconds = app[SETTINGS].proxy_timeout_seconds
     is_get = request.method == "GET"
+    headers = upstream_headers(request.headers, upstream.auth_headers)
     try:
         reply = await app[HTTP].request(
             request.method,
             upstream.url,
             data=body or None,
-            headers=upstream_headers(request.headers, upstream.auth_headers),
-            skip_auto_headers=_SKIP_AUTO_HEADERS,
+            headers=headers,
+            # Costly per request in aiohttp, so only when it would add one of them.
+            skip_auto_headers=None if _sends_auto_headers(headers) else _SKIP_AUTO_HEADERS,
             allow_redirects=False,
-            # Silence is bounded, not length: a stream may send for as long as it likes. A GET
-            # stream (server-initiated messages) may even be silent: see _pump.
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                sock_connect=timeout_seconds,
-                sock_read=None if is_get else timeout_seconds,
-            ),
+            timeout=_timeout(timeout_seconds, is_get),
         )
     except TimeoutError:
         outcome.error = f"upstream timed out after {timeout_seconds:g} s"
@@ -216,15 +257,20 @@ async def _exchange(
         raise BadGateway(outcome.error) from None
     async with reply:
         outcome.status = reply.status
-        response = web.StreamResponse(status=reply.status, reason=reply.reason)
+        headers = CIMultiDict[str]()
         for name in _PASS_BACK:
             value = reply.headers.get(name)
             if value is not None:
-                response.headers[name] = value
-        if reply.content_type == "text/event-stream":
+                headers[name] = value
+        is_stream = reply.content_type == "text/event-stream"
+        length = reply.content_length
+        if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
+            return await _buffered(reply, headers, outcome, timeout_seconds)
+        response = web.StreamResponse(status=reply.status, reason=reply.reason, headers=headers)
+        if is_stream:
             response.headers["X-Accel-Buffering"] = "no"
-        elif reply.content_length is not None:
-            response.content_length = reply.content_length
+        elif length is not None:
+            response.content_length = length
         await response.prepare(request)
         try:
             await _pump(request, reply, response, outcome, timeout_seconds, is_get)
@@ -233,6 +279,26 @@ async def _exchange(
             if outcome.error is None:
                 outcome.error = "the client went away before the end of the response"
     return response
+
+
+async def _buffered(
+    reply: aiohttp.ClientResponse,
+    headers: CIMultiDict[str],
+    outcome: _Outcome,
+    timeout_seconds: float,
+) -> web.Response:
+    """A small JSON reply of known length is read whole and sent in one write: most tools/call
+    answers. Nothing has been sent yet when the upstream fails here, so the caller gets a 502."""
+    try:
+        body = await reply.read()
+    except TimeoutError:
+        outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
+        raise GatewayTimeout(outcome.error) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        outcome.error = f"upstream broke off the response: {_describe(exc)}"
+        raise BadGateway(outcome.error) from None
+    outcome.size = len(body)
+    return UpstreamResponse(body=body, status=reply.status, reason=reply.reason, headers=headers)
 
 
 async def _pump(

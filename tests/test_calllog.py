@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from uuid_utils.compat import uuid7
 
 from gateway.calllog import (
     CallLog,
@@ -25,7 +26,6 @@ from gateway.calllog import (
     latency_bucket,
     merge,
     percentile,
-    uuid7,
 )
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.pool import create_pool
@@ -193,6 +193,38 @@ async def test_deleting_a_server_deletes_its_calls(
     await db.execute("DELETE FROM servers WHERE id = $1", server)
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == 1
     assert await db.fetchval("SELECT count(*) FROM tool_call_hourly") == 1
+
+
+async def test_a_server_deleted_while_its_batch_is_in_flight_loses_its_calls_too(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, other) = servers
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        await tool_calls_db.write_batch(conn, [record(workspace, server), record(workspace, other)])
+        # The batch holds its servers until it commits: the delete has to wait for it...
+        deleting = asyncio.create_task(db.execute("DELETE FROM servers WHERE id = $1", server))
+        await asyncio.sleep(0.3)
+        assert not deleting.done()
+        await transaction.commit()
+    await deleting
+    # ...and then removes the rows the batch committed, as a cascade would.
+    assert await db.fetchval("SELECT count(*) FROM tool_calls WHERE server_id = $1", server) == 0
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 1
+
+
+async def test_rows_naming_a_server_of_another_workspace_are_skipped(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, _) = servers
+    async with pool.acquire() as conn:
+        written = await tool_calls_db.write_batch(
+            conn, [record(workspace, server), record(uuid.uuid4(), server)]
+        )
+    assert written == 1
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 1
+    assert await db.fetchval("SELECT sum(call_count) FROM tool_call_hourly") == 1
 
 
 async def test_a_refused_row_does_not_hold_back_the_rest(

@@ -610,6 +610,27 @@ async def test_tenant_isolation(api: Api, db: asyncpg.Connection) -> None:
     assert [item["tool_name"] for item in listed.body["items"]] == ["theirs"]
 
 
+async def test_cookies_an_upstream_sets_reach_no_other_request(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    async def set_cookie(request: web.Request) -> web.StreamResponse:
+        response = web.json_response({"jsonrpc": "2.0", "id": 1, "result": {}})
+        response.set_cookie("upstream_session", "tenant-a-secret")
+        return response
+
+    async with recorder(script=set_cookie) as upstream:
+        # By name: aiohttp's default cookie jar would ignore cookies of a bare IP address.
+        url = upstream.url.replace("127.0.0.1", "localhost")
+        first = await arrange(api, db, url)
+        second = await arrange(api, db, url)  # another tenant, the same upstream host
+        reply = await api.post(first.path, json=call("x"), auth=first.key, expect=200)
+        assert reply.headers.get("Set-Cookie") is None  # not an MCP header: not passed back
+        await api.post(second.path, json=call("x"), auth=second.key, expect=200)
+        await api.post(first.path, json=call("x"), auth=first.key, expect=200)
+    assert len(upstream.requests) == 3
+    assert all("Cookie" not in headers for _, headers, _ in upstream.requests)
+
+
 async def test_cors(api: Api, db: asyncpg.Connection) -> None:
     async with recorder() as upstream:
         setup = await arrange(api, db, upstream.url)

@@ -14,11 +14,12 @@ import orjson
 from aiohttp import web
 from pydantic import Field, StringConstraints
 from referencing.exceptions import Unresolvable
+from uuid_utils.compat import uuid7
 
 from gateway.api.models import Body, Out
 from gateway.api.routing import Routes
 from gateway.auth import ADMIN, PRINCIPAL, READ
-from gateway.calllog import ToolCall, clean_text, uuid7
+from gateway.calllog import ToolCall, clean_text
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
 from gateway.keys import CALL_LOG, HTTP, SETTINGS, TOOL_LISTS, UPSTREAMS
 from gateway.mcp.client import McpError

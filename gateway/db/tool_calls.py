@@ -26,29 +26,21 @@ COLUMNS = (
     "created_at",
 )
 
-# Once per connection: rows are COPied here first, so a batch never fails as a whole on a row
-# whose server was deleted meanwhile (the join drops it) or that an earlier, ambiguous commit
-# already stored (ON CONFLICT drops it; ids are assigned before the first attempt).
-_STAGING = """
-CREATE TEMP TABLE IF NOT EXISTS tool_calls_staging (LIKE tool_calls) ON COMMIT DELETE ROWS
+# The batch's servers, locked until commit: a server deleted meanwhile is simply absent (its
+# rows are skipped), and one cannot be deleted before the batch commits (the delete then
+# removes the rows too: delete_server_calls() in schema.sql). This replaces a foreign key,
+# whose per-row check cost more than the lock does once per batch.
+_LOCK_SERVERS = """
+SELECT id, workspace_id FROM servers WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE
 """
 
-_COLUMN_LIST = ", ".join(COLUMNS)
+# Only for a retried batch: an earlier attempt may have committed without our hearing of it.
+_STORED_IDS = "SELECT id FROM tool_calls WHERE id = ANY($1::uuid[])"
 
-# One statement: move staged rows that still have their server into tool_calls, and add exactly
-# the rows inserted to the hourly rollups. Rollup keys are upserted in key order, so two gateway
-# processes writing the same hour cannot deadlock. Returns how many rows were inserted.
-# {conflict} is empty on a batch's first attempt (its ids are new; a plain insert is much cheaper
-# than a speculative one) and skips ids already stored when the batch is retried.
-_MOVE_STAGED = """
-WITH inserted AS (
-    INSERT INTO tool_calls ({columns})
-    SELECT {staged}
-    FROM tool_calls_staging AS st
-    JOIN servers AS s ON s.id = st.server_id AND s.workspace_id = st.workspace_id
-    {conflict}
-    RETURNING workspace_id, server_id, tool_name, status, duration_ms, created_at
-), by_bucket AS (
+# The hourly rollups of exactly the rows just inserted, read back by primary key. Rollup keys
+# are upserted in key order, so two gateway processes writing the same hour cannot deadlock.
+_ROLL_UP = """
+WITH by_bucket AS (
     SELECT workspace_id, server_id, tool_name,
            date_trunc('hour', created_at, 'UTC') AS hour,
            latency_bucket(duration_ms) AS bucket,
@@ -56,34 +48,27 @@ WITH inserted AS (
            count(*) FILTER (WHERE status = 'error') AS errors,
            count(duration_ms) AS timed,
            coalesce(sum(duration_ms), 0) AS duration_sum
-    FROM inserted
+    FROM tool_calls
+    WHERE id = ANY($1::uuid[])
     GROUP BY 1, 2, 3, 4, 5
-), rolled AS (
-    INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, call_count,
-                                      error_count, duration_count, duration_sum_ms,
-                                      latency_histogram)
-    SELECT workspace_id, server_id, tool_name, hour,
-           sum(calls)::bigint, sum(errors)::bigint, sum(timed)::bigint, sum(duration_sum)::bigint,
-           coalesce(histogram_of(array_agg(bucket) FILTER (WHERE bucket IS NOT NULL),
-                                 array_agg(calls) FILTER (WHERE bucket IS NOT NULL)), '{{}}')
-    FROM by_bucket
-    GROUP BY workspace_id, tool_name, server_id, hour
-    ORDER BY workspace_id, tool_name, server_id, hour
-    ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
-        call_count = h.call_count + excluded.call_count,
-        error_count = h.error_count + excluded.error_count,
-        duration_count = h.duration_count + excluded.duration_count,
-        duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
-        latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM rolled) AS hours
+INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, call_count,
+                                  error_count, duration_count, duration_sum_ms,
+                                  latency_histogram)
+SELECT workspace_id, server_id, tool_name, hour,
+       sum(calls)::bigint, sum(errors)::bigint, sum(timed)::bigint, sum(duration_sum)::bigint,
+       coalesce(histogram_of(array_agg(bucket) FILTER (WHERE bucket IS NOT NULL),
+                             array_agg(calls) FILTER (WHERE bucket IS NOT NULL)), '{}')
+FROM by_bucket
+GROUP BY workspace_id, tool_name, server_id, hour
+ORDER BY workspace_id, tool_name, server_id, hour
+ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
+    call_count = h.call_count + excluded.call_count,
+    error_count = h.error_count + excluded.error_count,
+    duration_count = h.duration_count + excluded.duration_count,
+    duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
+    latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)
 """
-_COLUMN_REFS = ", ".join(f"st.{c}" for c in COLUMNS)
-_FIRST_ATTEMPT = _MOVE_STAGED.format(columns=_COLUMN_LIST, staged=_COLUMN_REFS, conflict="")
-_RETRY = _MOVE_STAGED.format(
-    columns=_COLUMN_LIST, staged=_COLUMN_REFS, conflict="ON CONFLICT (id) DO NOTHING"
-)
 
 
 async def write_batch(
@@ -92,10 +77,16 @@ async def write_batch(
     """Store records (in COLUMNS order) and their rollups in one transaction; returns how many
     were new (rows of deleted servers are skipped, and with `retry` rows already stored)."""
     async with conn.transaction():
-        await conn.execute(_STAGING)
-        await conn.copy_records_to_table("tool_calls_staging", records=records, columns=COLUMNS)
-        inserted: int = await conn.fetchval(_RETRY if retry else _FIRST_ATTEMPT)
-    return inserted
+        servers = {r[0]: r[1] for r in await conn.fetch(_LOCK_SERVERS, {r[2] for r in records})}
+        rows = [r for r in records if servers.get(r[2]) == r[1]]
+        if retry and rows:
+            stored = {r[0] for r in await conn.fetch(_STORED_IDS, [r[0] for r in rows])}
+            rows = [r for r in rows if r[0] not in stored]
+        if not rows:
+            return 0
+        await conn.copy_records_to_table("tool_calls", records=rows, columns=COLUMNS)
+        await conn.execute(_ROLL_UP, [r[0] for r in rows])
+    return len(rows)
 
 
 # -- reading -----------------------------------------------------------------------------------
