@@ -202,6 +202,15 @@ CREATE AGGREGATE histogram_sum(integer[]) (
     SFUNC = histogram_add, STYPE = integer[], COMBINEFUNC = histogram_add, PARALLEL = SAFE
 );
 
+-- a minus b, without trailing zeros ('{}' when nothing is left): what a histogram is once the
+-- durations counted in b are taken out of it (a server's calls out of its workspace's).
+CREATE FUNCTION histogram_subtract(a integer[], b integer[]) RETURNS integer[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN (WITH d AS (SELECT i, coalesce(x, 0) - coalesce(y, 0) AS n
+                       FROM unnest(a, b) WITH ORDINALITY AS t (x, y, i))
+            SELECT coalesce(array_agg(n ORDER BY i), '{}') FROM d
+            WHERE i <= (SELECT max(i) FROM d WHERE n <> 0));
+
 -- A histogram from parallel arrays of bucket numbers and counts (buckets may repeat).
 CREATE FUNCTION histogram_of(buckets integer[], counts bigint[]) RETURNS integer[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -210,8 +219,9 @@ CREATE FUNCTION histogram_of(buckets integer[], counts bigint[]) RETURNS integer
             LEFT JOIN (SELECT b, sum(n) AS n FROM unnest(buckets, counts) AS u (b, n) GROUP BY b) AS c
                    ON c.b = g.i);
 
--- Written only by gateway/calllog.py, which also keeps tool_call_hourly in step in the same
--- transaction: anything deleting from one must delete from the other.
+-- Written only by gateway/calllog.py, which also keeps the rollups below (tool_call_hourly,
+-- tool_call_caller_hourly, latency_hourly) in step in the same transaction: anything deleting
+-- from one must delete from the others.
 -- ids are time-ordered (UUIDv7) so inserts append to the primary key instead of scattering.
 -- No foreign keys, on purpose: a per-row check would cost a tenth of the insert. The writer
 -- locks each batch's servers (FOR KEY SHARE) and skips rows whose server is gone or in another
@@ -269,6 +279,59 @@ CREATE TABLE tool_call_hourly (
 CREATE INDEX tool_call_hourly_hour_idx ON tool_call_hourly (workspace_id, hour)
     INCLUDE (server_id, tool_name, call_count, error_count, duration_count, duration_sum_ms);
 CREATE INDEX tool_call_hourly_server_idx ON tool_call_hourly (server_id, hour);
+
+-- The same counts with the caller as a dimension (calls with a caller_agent only), so a
+-- caller_agent-filtered list total is a sum over rollup rows too. Covering, like the above.
+CREATE TABLE tool_call_caller_hourly (
+    workspace_id  uuid NOT NULL,  -- deleted with its servers, as in tool_calls
+    caller_agent  text NOT NULL,
+    tool_name     text NOT NULL,
+    server_id     uuid NOT NULL REFERENCES servers (id) ON DELETE CASCADE,
+    hour          timestamptz NOT NULL,
+    call_count    bigint NOT NULL,
+    error_count   bigint NOT NULL,
+    PRIMARY KEY (workspace_id, caller_agent, tool_name, server_id, hour)
+        INCLUDE (call_count, error_count)
+);
+CREATE INDEX tool_call_caller_hourly_server_idx ON tool_call_caller_hourly (server_id);
+
+-- The merged latency histogram of each hour per scope: a whole workspace (scope =
+-- workspace_id: all its servers) and each server (scope = the server's id), only for hours with
+-- timed calls. The writer adds each batch's durations in the batch's transaction, so a latency
+-- series reads at most days * 24 rows instead of merging the histograms of every tool.
+-- Invariant: a workspace's histogram of an hour is the sum of its servers' histograms.
+CREATE TABLE latency_hourly (
+    scope              uuid NOT NULL,
+    workspace_id       uuid NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
+    hour               timestamptz NOT NULL,
+    latency_histogram  integer[] NOT NULL,
+    PRIMARY KEY (scope, hour)
+);
+CREATE INDEX latency_hourly_workspace_idx ON latency_hourly (workspace_id);
+
+-- A deleted server's durations leave its workspace's histograms (hours left without any are
+-- deleted), and its own rows go: the workspace reads exactly as if the calls had never been
+-- made. The workspace's rows are locked in hour order first, the order in which call log
+-- writers upsert them, so a delete and a batch in flight cannot deadlock.
+CREATE FUNCTION delete_server_latency() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM FROM latency_hourly AS w
+    WHERE w.scope = OLD.workspace_id
+      AND w.hour IN (SELECT hour FROM latency_hourly WHERE scope = OLD.id)
+    ORDER BY w.hour
+    FOR UPDATE;
+    UPDATE latency_hourly AS w
+    SET latency_histogram = histogram_subtract(w.latency_histogram, s.latency_histogram)
+    FROM latency_hourly AS s
+    WHERE s.scope = OLD.id AND w.scope = OLD.workspace_id AND w.hour = s.hour;
+    DELETE FROM latency_hourly
+    WHERE scope = OLD.workspace_id AND cardinality(latency_histogram) = 0;
+    DELETE FROM latency_hourly WHERE scope = OLD.id;
+    RETURN OLD;
+END $$;
+CREATE TRIGGER servers_delete_latency AFTER DELETE ON servers
+    FOR EACH ROW EXECUTE FUNCTION delete_server_latency();
 
 -- == alerts ==
 
@@ -357,28 +420,5 @@ CREATE TABLE alert_delivery_attempts (
     error         text,
     PRIMARY KEY (delivery_id, attempt)
 );
-
--- == analytics ==
-
--- Latency percentiles of past hours, derived from tool_call_hourly by the first read that needs
--- them (gateway/db/analytics.py): merging the histograms of every tool of 30 days takes about a
--- second, reading these rows milliseconds. `fingerprint` digests the rollup rows a value came
--- from (server, tool, timed calls, duration sum of each); a reader recomputes any hour whose
--- rollups no longer give that fingerprint (calls ingested late, a server deleted), so a value is
--- never served for data that changed. server_id null: all servers of the workspace.
-CREATE TABLE tool_call_latency_hourly (
-    workspace_id  uuid NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
-    server_id     uuid REFERENCES servers (id) ON DELETE CASCADE,
-    scope         uuid NOT NULL GENERATED ALWAYS AS (coalesce(server_id, workspace_id)) STORED,
-    hour          timestamptz NOT NULL,
-    fingerprint   bigint NOT NULL,
-    p50_ms        double precision NOT NULL,
-    p95_ms        double precision NOT NULL,
-    p99_ms        double precision NOT NULL,
-    PRIMARY KEY (scope, hour)
-);
-CREATE INDEX tool_call_latency_hourly_workspace_idx ON tool_call_latency_hourly (workspace_id);
-CREATE INDEX tool_call_latency_hourly_server_idx ON tool_call_latency_hourly (server_id)
-    WHERE server_id IS NOT NULL;
 
 INSERT INTO schema_version (version) VALUES (1);

@@ -162,6 +162,8 @@ class RowsRejected(Exception):
     """Some rows of a write() could not be stored (PostgreSQL refused them)."""
 
 
+_FIRST_BACKOFF = 0.05
+
 _RETRYABLE: tuple[type[BaseException], ...] = (
     *DATABASE_DOWN,
     TimeoutError,
@@ -175,6 +177,9 @@ class CallLog:
 
     FLUSH_SECONDS = 0.005
     BATCH_ROWS = 5000
+    # Batches written at once, each on its own connection: while one waits for its commit to
+    # reach the disk, the next is already being copied. More would only queue on the rollups.
+    WRITERS = 2
 
     def __init__(
         self,
@@ -183,19 +188,27 @@ class CallLog:
         max_rows: int = 200_000,
         flush_seconds: float = FLUSH_SECONDS,
         batch_rows: int = BATCH_ROWS,
+        writers: int = WRITERS,
         max_backoff_seconds: float = 5.0,
     ) -> None:
         self._pool = pool
         self.max_rows = max_rows
         self._flush_seconds = flush_seconds
         self._batch_rows = batch_rows
+        self._writers = writers
         self._max_backoff = max_backoff_seconds
         self._rows: list[ToolCall] = []
         # The rows of each write(), as [start, end) in _rows, and its future: set once committed.
         self._waiters: list[_Waiter] = []
-        # A batch that failed and waits for its retry; counted in the bound.
-        self._retry: list[ToolCall] = []
-        self._retry_waiters: list[_Waiter] = []
+        # Batches that failed and wait for their retry, oldest first.
+        self._retries: list[tuple[list[ToolCall], list[_Waiter]]] = []
+        # Rows taken from the queue and not yet stored (being written or waiting for a retry):
+        # counted in the bound.
+        self._held = 0
+        self._writing: set[asyncio.Task[None]] = set()
+        self._backoff = _FIRST_BACKOFF
+        self._resume_at = 0.0
+        # Set by producers, by a finished write and by close(): the writer looks again.
         self._wakeup = asyncio.Event()
         # Cuts the linger short: a full batch is waiting, or shutdown.
         self._hurry = asyncio.Event()
@@ -207,11 +220,11 @@ class CallLog:
     # -- producers -------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._rows) + len(self._retry)
+        return len(self._rows) + self._held
 
     def add(self, call: ToolCall) -> None:
         """Queue one call; never waits. When the queue is full the call is dropped and counted."""
-        if len(self._rows) + len(self._retry) >= self.max_rows:
+        if len(self._rows) + self._held >= self.max_rows:
             self._drop(1)
             return
         self._rows.append(call)
@@ -269,8 +282,10 @@ class CallLog:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), drain_seconds)
             except TimeoutError:
-                self._task.cancel()
-                await asyncio.gather(self._task, return_exceptions=True)
+                tasks = [self._task, *self._writing]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
                 lost = len(self)
                 self._fail_waiters(ServiceUnavailable("the gateway shut down before storing"))
                 log.error("shutting down with %d tool calls not written (database down)", lost)
@@ -278,50 +293,73 @@ class CallLog:
     # -- the writer task -------------------------------------------------------------------
 
     async def _run(self) -> None:
-        backoff = 0.05
         while True:
-            if not self._retry and not self._rows:
-                if self._closing:
+            if (not self._retries and not self._rows) or len(self._writing) >= self._writers:
+                if self._closing and not self._writing and not self._retries and not self._rows:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            if not self._retry and len(self._rows) < self._batch_rows and not self._closing:
+            pause = self._resume_at - time.monotonic()
+            if pause > 0:  # backing off after a failure
+                await asyncio.sleep(pause)
+                continue
+            if not self._retries and len(self._rows) < self._batch_rows and not self._closing:
                 # Linger a moment so a burst becomes one batch.
                 self._hurry.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hurry.wait(), self._flush_seconds)
-            retry = bool(self._retry)
+            retry = bool(self._retries)
             batch, waiters = self._take()
-            try:
-                await self._write(batch, waiters, retry=retry)
-            except _RETRYABLE as exc:
-                self.stats.failures += 1
-                self._retry, self._retry_waiters = batch, waiters
-                log.warning(
-                    "cannot write %d tool calls (%s: %s); retrying in %.2f s",
-                    len(batch),
-                    type(exc).__name__,
-                    exc,
-                    backoff,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
-                continue
-            except Exception:
-                log.exception("unexpected error writing %d tool calls; retrying", len(batch))
-                self.stats.failures += 1
-                self._retry, self._retry_waiters = batch, waiters
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
-                continue
-            backoff = 0.05
+            self._held += len(batch)
+            task = asyncio.create_task(self._write_batch(batch, waiters, retry=retry))
+            self._writing.add(task)
+            task.add_done_callback(self._written)
+
+    def _written(self, task: asyncio.Task[None]) -> None:
+        self._writing.discard(task)
+        self._wakeup.set()
+
+    async def _write_batch(
+        self, batch: list[ToolCall], waiters: list[_Waiter], *, retry: bool
+    ) -> None:
+        """Write one batch; a failed one goes back in line for a retry, after a backoff."""
+        try:
+            await self._write(batch, waiters, retry=retry)
+        except _RETRYABLE as exc:
+            log.warning(
+                "cannot write %d tool calls (%s: %s); retrying in %.2f s",
+                len(batch),
+                type(exc).__name__,
+                exc,
+                self._backoff,
+            )
+            self._failed(batch, waiters)
+        except asyncio.CancelledError:
+            self._held -= len(batch)
+            for _, _, future in waiters:
+                if not future.done():
+                    future.set_exception(ServiceUnavailable("the gateway shut down before storing"))
+            raise
+        except Exception:
+            log.exception("unexpected error writing %d tool calls; retrying", len(batch))
+            self._failed(batch, waiters)
+        else:
+            self._held -= len(batch)
+            self._backoff = _FIRST_BACKOFF
+
+    def _failed(self, batch: list[ToolCall], waiters: list[_Waiter]) -> None:
+        # Still held (counted in the bound) until the retry succeeds.
+        self.stats.failures += 1
+        self._retries.append((batch, waiters))
+        self._resume_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self._max_backoff)
 
     def _take(self) -> tuple[list[ToolCall], list[_Waiter]]:
         """The next batch: a failed batch first (as it was), else up to batch_rows new rows."""
-        if self._retry:
-            batch, waiters = self._retry, self._retry_waiters
-            self._retry, self._retry_waiters = [], []
+        if self._retries:
+            batch, waiters = self._retries.pop(0)
+            self._held -= len(batch)  # held again by the caller, as a new write
             return batch, waiters
         if len(self._rows) <= self._batch_rows:
             batch, self._rows = self._rows, []
@@ -385,7 +423,8 @@ class CallLog:
                     future.set_result(None)
 
     def _fail_waiters(self, exc: Exception) -> None:
-        for _, _, future in [*self._waiters, *self._retry_waiters]:
+        retry_waiters = [waiter for _, waiters in self._retries for waiter in waiters]
+        for _, _, future in [*self._waiters, *retry_waiters]:
             if not future.done():
                 future.set_exception(exc)
-        self._waiters, self._retry_waiters = [], []
+        self._waiters, self._retries = [], []

@@ -154,8 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     rebuild_cmd = rollups.add_parser(
         "rebuild",
         help="recompute the hourly rollups from the raw tool calls",
-        description="Recompute tool_call_hourly from tool_calls in one transaction (after a "
-        "bulk import or restore). Writers of tool calls wait until it commits; reads go on.",
+        description="Recompute the hourly rollups (tool_call_hourly, tool_call_caller_hourly, "
+        "latency_hourly) from tool_calls in one transaction (after a bulk import or restore). "
+        "Writers of tool calls wait until it commits; reads go on.",
     )
     rebuild_cmd.add_argument(
         "--workspace", type=uuid.UUID, metavar="ID", help="only this workspace (default: all)"

@@ -27,10 +27,12 @@ from gateway.calllog import (
     merge,
     percentile,
 )
+from gateway.db import rollups
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.pool import create_pool
 from gateway.errors import ServiceUnavailable
 from gateway.keys import CALL_LOG
+from tests.api.test_analytics import snapshot
 from tests.support import Api
 from tests.test_proxy import add_server, call, recorder
 
@@ -214,6 +216,59 @@ async def test_a_server_deleted_while_its_batch_is_in_flight_loses_its_calls_too
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == 1
 
 
+async def test_concurrent_batches_and_a_deleted_server_keep_every_rollup_exact(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    """Writers on several connections upsert the same rollup keys (shuffled batches) while a
+    server is deleted: nobody deadlocks, and every rollup table is what a rebuild computes."""
+    workspace, (server, other) = servers
+    doomed = await db.fetchval(
+        "INSERT INTO servers (workspace_id, name, url) VALUES ($1, 'doomed', 'http://x') "
+        "RETURNING id",
+        workspace,
+    )
+    rng = random.Random(8)
+    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
+
+    def batch() -> list[ToolCall]:
+        return [
+            ToolCall(
+                uuid7(),
+                workspace,
+                rng.choice([server, other, doomed]),
+                rng.choice(["search", "fetch", "read"]),
+                rng.choice([None, "planner", "coder"]),
+                rng.choice(["success", "error"]),
+                None if rng.random() < 0.1 else int(rng.lognormvariate(5, 1.5)),
+                None,
+                None,
+                None,
+                None,
+                hour + timedelta(minutes=rng.randrange(180)),
+            )
+            for _ in range(300)
+        ]
+
+    async def writer() -> None:
+        async with pool.acquire() as conn:
+            for _ in range(12):
+                await tool_calls_db.write_batch(conn, batch())
+
+    async def delete_midway() -> None:
+        await asyncio.sleep(0.1)
+        await db.execute("DELETE FROM servers WHERE id = $1", doomed)
+
+    await asyncio.gather(writer(), writer(), writer(), delete_midway())
+    assert await db.fetchval("SELECT count(*) FROM tool_calls WHERE server_id = $1", doomed) == 0
+    written = await snapshot(db)
+    assert sum(r["call_count"] for r in written["tool_call_hourly"]) == await db.fetchval(
+        "SELECT count(*) FROM tool_calls"
+    )
+    async with pool.acquire() as conn:
+        await rollups.rebuild(conn)
+    assert await snapshot(db) == written
+
+
 async def test_rows_naming_a_server_of_another_workspace_are_skipped(
     pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
 ) -> None:
@@ -380,3 +435,24 @@ async def test_postgres_restart_loses_no_acknowledged_call(
         assert api.app[CALL_LOG].stats.failures >= 1
     finally:
         await db.close()
+
+
+async def test_a_stuck_batch_does_not_hold_back_the_next(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, other) = servers
+    log = CallLog(pool)
+    log.start()
+    # Another transaction holds the first server: its batch waits for it...
+    transaction = db.transaction()
+    await transaction.start()
+    await db.execute("SELECT 1 FROM servers WHERE id = $1 FOR UPDATE", server)
+    stuck = asyncio.create_task(log.write([record(workspace, server)]))
+    await asyncio.sleep(0.2)
+    # ...while a batch for the other server is written beside it.
+    await asyncio.wait_for(log.write([record(workspace, other)]), 10)
+    assert not stuck.done()
+    await transaction.rollback()
+    await stuck
+    await log.close()
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 2

@@ -3,7 +3,8 @@
 Whole hours come from the hourly rollups and only the partial hours at the window's edges from
 the raw rows, so a day-long window reads at most 24 rollup rows per tool and server while a
 five-minute window is exact. p95 is the nearest-rank percentile: exact (percentile_disc) when
-the window holds no whole hour, else read from the merged latency histograms (within 1%).
+the window holds no whole hour, else read from the merged latency histograms (within 1%): each
+server's hourly ones in latency_hourly, plus those of the edges' raw rows.
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ FROM (
     WHERE server_id = ANY($1::uuid[]) AND {_RAW_EDGES} AND duration_ms IS NOT NULL
     GROUP BY server_id
     UNION ALL
-    SELECT server_id, latency_histogram
-    FROM tool_call_hourly
-    WHERE server_id = ANY($1::uuid[]) AND hour >= $3 AND hour < $4
+    SELECT scope, latency_histogram
+    FROM latency_hourly
+    WHERE scope = ANY($1::uuid[]) AND hour >= $3 AND hour < $4
 ) AS parts
 GROUP BY server_id
 """

@@ -1,26 +1,26 @@
 """SQL for analytics: top tools and hourly series of a workspace, from the hourly rollups.
 
 A window of `days` is the days * 24 whole UTC hours that end with the current hour, which is
-included as far as it has gone. Every figure comes from tool_call_hourly (never from raw calls):
-counts are exact, since the rollups are written in the calls' own transactions. Latency
-percentiles are nearest-rank, read from each hour's merged histogram (within 1% of the exact
-value, see gateway/calllog.py). Merging 30 days of histograms of every tool takes about a second,
-so the percentiles of past hours are kept in tool_call_latency_hourly together with a
-fingerprint of the rollup rows they came from, and recomputed when those rows change.
+included as far as it has gone. Every figure comes from the rollups (never from raw calls), which
+are written in the calls' own transactions, so counts are exact: tool_call_hourly for counts,
+latency_hourly (one merged histogram per hour of the workspace or of one server) for latency.
+Percentiles are nearest-rank, read from those histograms (within 1% of the exact value, see
+gateway/calllog.py).
 """
 
 from __future__ import annotations
 
-import contextlib
+import bisect
+import functools
+import itertools
+import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import asyncpg
-
-from gateway.calllog import percentile
+from gateway.calllog import bucket_value
 from gateway.db.rollups import floor_hour
 from gateway.db.types import Executor
 
@@ -79,57 +79,12 @@ WHERE {where}
 GROUP BY hour
 """
 
-# One 64-bit digest of the rollup rows of an hour that hold latencies: it changes whenever one
-# of them gains a timed call (its count and sum change) or goes away (a deleted server).
-_FINGERPRINT = """
-bit_xor(hashtextextended(tool_name, uuid_hash_extended(server_id,
-    hashint8extended(duration_sum_ms, duration_count))))
+# At most one row per hour of the window: the scope is the server, or the whole workspace. The
+# workspace condition keeps a server of another workspace from matching anything.
+_LATENCY = """
+SELECT hour, latency_histogram FROM latency_hourly
+WHERE scope = $1 AND workspace_id = $2 AND hour BETWEEN $3 AND $4
 """
-
-# The hours with latencies, and the stored percentiles of those whose rollups are unchanged
-# (null for the others). Reads the counters only: an index-only scan of
-# tool_call_hourly_hour_idx, or tool_call_hourly_server_idx for one server.
-_KNOWN_PERCENTILES = f"""
-WITH hours AS (
-    SELECT hour, {_FINGERPRINT} AS fingerprint
-    FROM tool_call_hourly
-    WHERE {{where}} AND duration_count > 0
-    GROUP BY hour
-)
-SELECT h.hour, p.p50_ms, p.p95_ms, p.p99_ms
-FROM hours AS h
-LEFT JOIN tool_call_latency_hourly AS p
-       ON p.scope = ${{scope}} AND p.hour = h.hour AND p.fingerprint = h.fingerprint
-"""
-
-# The merged histogram of each of some hours, with the fingerprint of the rows merged.
-_MERGED = f"""
-SELECT hour, {_FINGERPRINT} AS fingerprint, histogram_sum(latency_histogram) AS histogram
-FROM tool_call_hourly
-WHERE workspace_id = $1 AND hour = ANY($2::timestamptz[]) {{server}} AND duration_count > 0
-GROUP BY hour
-"""
-
-# Keeps the percentiles of past hours; drops those older than any window will ask for.
-_STORE = """
-WITH pruned AS (
-    DELETE FROM tool_call_latency_hourly WHERE scope = coalesce($2::uuid, $1::uuid) AND hour < $3
-)
-INSERT INTO tool_call_latency_hourly AS p
-    (workspace_id, server_id, hour, fingerprint, p50_ms, p95_ms, p99_ms)
-SELECT $1::uuid, $2::uuid, u.hour, u.fingerprint, u.p50, u.p95, u.p99
-FROM unnest($4::timestamptz[], $5::bigint[], $6::float8[], $7::float8[], $8::float8[])
-     AS u (hour, fingerprint, p50, p95, p99)
-ORDER BY u.hour
-ON CONFLICT (scope, hour) DO UPDATE SET
-    fingerprint = excluded.fingerprint,
-    p50_ms = excluded.p50_ms,
-    p95_ms = excluded.p95_ms,
-    p99_ms = excluded.p99_ms
-"""
-
-# How far back stored percentiles are kept: the longest window.
-KEEP = timedelta(days=30)
 
 
 async def top_tools(db: Executor, scope: Scope, limit: int) -> list[dict[str, Any]]:
@@ -154,22 +109,23 @@ async def error_rates(db: Executor, scope: Scope) -> list[dict[str, Any]]:
 
 
 async def latency(db: Executor, scope: Scope) -> list[dict[str, Any]]:
-    where, args = scope.where()
     rows = await db.fetch(
-        _KNOWN_PERCENTILES.format(where=where, scope=len(args) + 1),
-        *args,
+        _LATENCY,
         scope.server_id or scope.workspace_id,
+        scope.workspace_id,
+        scope.window.first_hour,
+        scope.window.last_hour,
     )
-    known = {row["hour"]: (row["p50_ms"], row["p95_ms"], row["p99_ms"]) for row in rows}
-    stale = [hour for hour, values in known.items() if values[0] is None]
-    if stale:
-        known.update(await _compute_percentiles(db, scope, stale))
-    empty = {"p50_ms": None, "p95_ms": None, "p99_ms": None}
+    values = {}
+    for row in rows:
+        percentiles = percentiles_of(row["latency_histogram"])
+        if percentiles is not None:
+            values[row["hour"]] = percentiles
     return _series(
         scope.window,
-        {hour: values for hour, values in known.items() if values[0] is not None},
+        values,
         lambda v: {"p50_ms": v[0], "p95_ms": v[1], "p99_ms": v[2]},
-        empty,
+        {"p50_ms": None, "p95_ms": None, "p99_ms": None},
     )
 
 
@@ -193,51 +149,19 @@ def _series(
     return series
 
 
+# Bucket number -> the value read for it (bucket_value() searches the bucket's bounds).
+_bucket_value = functools.cache(bucket_value)
+
+
 def percentiles_of(histogram: Sequence[int]) -> tuple[float, float, float] | None:
-    """p50, p95, p99 of a latency histogram (ms, 2 decimals); None when it is empty."""
-    p50, p95, p99 = (percentile(histogram, fraction) for fraction in PERCENTILES)
-    if p50 is None or p95 is None or p99 is None:
+    """Nearest-rank p50, p95, p99 of a latency histogram (ms, 2 decimals); None when it is
+    empty. One pass in C (the running counts), then a binary search per rank."""
+    running = list(itertools.accumulate(histogram))
+    total = running[-1] if running else 0
+    if total == 0:
         return None
-    return round(p50, 2), round(p95, 2), round(p99, 2)
-
-
-async def _compute_percentiles(
-    db: Executor, scope: Scope, hours: list[datetime]
-) -> dict[datetime, tuple[float, float, float]]:
-    """Merge the histograms of some hours and keep the percentiles of those that are over."""
-    server = "" if scope.server_id is None else "AND server_id = $3"
-    args: list[Any] = [scope.workspace_id, hours]
-    if scope.server_id is not None:
-        args.append(scope.server_id)
-    rows = await db.fetch(_MERGED.format(server=server), *args)
-    computed: dict[datetime, tuple[float, float, float]] = {}
-    past: list[tuple[datetime, int, tuple[float, float, float]]] = []
-    for row in rows:
-        values = percentiles_of(row["histogram"] or [])
-        if values is None:
-            continue
-        computed[row["hour"]] = values
-        # The current hour changes with every call: not worth keeping.
-        if row["hour"] < scope.window.last_hour:
-            past.append((row["hour"], row["fingerprint"], values))
-    if past:
-        await _store(db, scope, past)
-    return computed
-
-
-async def _store(
-    db: Executor, scope: Scope, rows: list[tuple[datetime, int, tuple[float, float, float]]]
-) -> None:
-    # The server or workspace may be deleted meanwhile: then there is nothing to keep.
-    with contextlib.suppress(asyncpg.ForeignKeyViolationError):
-        await db.execute(
-            _STORE,
-            scope.workspace_id,
-            scope.server_id,
-            scope.window.last_hour - KEEP,
-            [hour for hour, _, _ in rows],
-            [fingerprint for _, fingerprint, _ in rows],
-            [values[0] for _, _, values in rows],
-            [values[1] for _, _, values in rows],
-            [values[2] for _, _, values in rows],
-        )
+    p50, p95, p99 = (
+        round(_bucket_value(bisect.bisect_left(running, max(1, math.ceil(f * total)))), 2)
+        for f in PERCENTILES
+    )
+    return p50, p95, p99

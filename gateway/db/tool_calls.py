@@ -5,9 +5,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
+from gateway.db import rollups
+from gateway.db.rollups import ceil_hour, floor_hour
 from gateway.db.types import Connection, Executor
 
 # The order of a ToolCall record (gateway.calllog) and of the COPY.
@@ -37,38 +39,8 @@ SELECT id, workspace_id FROM servers WHERE id = ANY($1::uuid[]) ORDER BY id FOR 
 # Only for a retried batch: an earlier attempt may have committed without our hearing of it.
 _STORED_IDS = "SELECT id FROM tool_calls WHERE id = ANY($1::uuid[])"
 
-# The hourly rollups of exactly the rows just inserted, read back by primary key. Rollup keys
-# are upserted in key order, so two gateway processes writing the same hour cannot deadlock.
-_ROLL_UP = """
-WITH by_bucket AS (
-    SELECT workspace_id, server_id, tool_name,
-           date_trunc('hour', created_at, 'UTC') AS hour,
-           latency_bucket(duration_ms) AS bucket,
-           count(*) AS calls,
-           count(*) FILTER (WHERE status = 'error') AS errors,
-           count(duration_ms) AS timed,
-           coalesce(sum(duration_ms), 0) AS duration_sum
-    FROM tool_calls
-    WHERE id = ANY($1::uuid[])
-    GROUP BY 1, 2, 3, 4, 5
-)
-INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, call_count,
-                                  error_count, duration_count, duration_sum_ms,
-                                  latency_histogram)
-SELECT workspace_id, server_id, tool_name, hour,
-       sum(calls)::bigint, sum(errors)::bigint, sum(timed)::bigint, sum(duration_sum)::bigint,
-       coalesce(histogram_of(array_agg(bucket) FILTER (WHERE bucket IS NOT NULL),
-                             array_agg(calls) FILTER (WHERE bucket IS NOT NULL)), '{}')
-FROM by_bucket
-GROUP BY workspace_id, tool_name, server_id, hour
-ORDER BY workspace_id, tool_name, server_id, hour
-ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
-    call_count = h.call_count + excluded.call_count,
-    error_count = h.error_count + excluded.error_count,
-    duration_count = h.duration_count + excluded.duration_count,
-    duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
-    latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)
-"""
+# The rollups of exactly the rows just inserted, read back by primary key.
+_ROLL_UP = rollups.roll_up("id = ANY($1::uuid[])")
 
 
 async def write_batch(
@@ -210,21 +182,12 @@ async def _items(
     return [dict(row) for row in await db.fetch(statement, *sql.args)]
 
 
-def _floor_hour(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-
-
-def _ceil_hour(moment: datetime) -> datetime:
-    floor = _floor_hour(moment)
-    return floor if floor == moment else floor + timedelta(hours=1)
-
-
 async def _count(
     db: Executor, workspace_id: uuid.UUID, filters: Filters, tool_names: list[str] | None
 ) -> int:
     """Exact, without counting millions of rows: whole hours come from the rollups (written in
-    the same transactions as the calls), only the partial hours at the edges of the range are
-    counted row by row. A caller_agent filter is not in the rollups: then rows are counted."""
+    the same transactions as the calls; tool_call_caller_hourly for a caller_agent filter), only
+    the partial hours at the edges of the range are counted row by row."""
     sql = _Sql()
     workspace = sql.param(workspace_id)
     tools = None if tool_names is None else f"ANY({sql.param(tool_names)}::text[])"
@@ -241,14 +204,16 @@ async def _count(
         return f"(SELECT count(*) FROM tool_calls WHERE {' AND '.join(where)})"
 
     start, end = filters.start, filters.end
-    first_full = None if start is None else _ceil_hour(start)
-    after_full = None if end is None else _floor_hour(end)
-    if filters.caller_agent is not None or (
-        first_full is not None and after_full is not None and first_full > after_full
-    ):
-        parts = [raw_count(start, end, True)]  # not in the rollups, or within one hour
+    first_full = None if start is None else ceil_hour(start)
+    after_full = None if end is None else floor_hour(end)
+    if first_full is not None and after_full is not None and first_full > after_full:
+        parts = [raw_count(start, end, True)]  # within one hour
     else:
+        table = "tool_call_hourly"
         rollup = [f"workspace_id = {workspace}"]
+        if filters.caller_agent is not None:
+            table = "tool_call_caller_hourly"
+            rollup.append(f"caller_agent = {sql.param(filters.caller_agent)}")
         if filters.server_id is not None:
             rollup.append(f"server_id = {sql.param(filters.server_id)}")
         if tools is not None:
@@ -262,10 +227,7 @@ async def _count(
             "error": "error_count",
             "success": "call_count - error_count",
         }[filters.status]
-        parts = [
-            f"(SELECT coalesce(sum({counted}), 0) FROM tool_call_hourly "
-            f"WHERE {' AND '.join(rollup)})"
-        ]
+        parts = [f"(SELECT coalesce(sum({counted}), 0) FROM {table} WHERE {' AND '.join(rollup)})"]
         if start is not None and first_full is not None and start < first_full:
             parts.append(raw_count(start, first_full, False))
         if end is not None:

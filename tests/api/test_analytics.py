@@ -1,5 +1,6 @@
 """/analytics: figures checked against exact ones computed here from the ingested raw calls;
-the window, validation, tenant isolation, the response cache, and `rollups rebuild`."""
+the window, validation, tenant isolation, the response cache, the writer-kept latency
+histograms (also after a server is deleted), and `rollups rebuild` of every rollup table."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import asyncpg
 
+from gateway.calllog import latency_bucket
 from gateway.db.rollups import floor_hour, rebuild
 from gateway.keys import POOL
 from tests.alerting import add_server
@@ -284,50 +286,126 @@ async def test_a_short_time_to_live_refreshes(make_api: Any) -> None:
     await same_hour(scenario)
 
 
-async def test_kept_percentiles_follow_late_calls_and_deleted_servers(
+# (scope, hour) -> latency histogram
+Histograms = dict[tuple[str, datetime], list[int]]
+
+
+def histograms(calls: list[dict[str, Any]], scope_of: Any) -> Histograms:
+    """The exact latency histogram of each (scope, hour) of `calls`, built here in Python."""
+    result: Histograms = {}
+    for call in calls:
+        if call.get("duration_ms") is None:
+            continue
+        bucket = latency_bucket(call["duration_ms"])
+        histogram = result.setdefault((scope_of(call), hour_of(call)), [])
+        histogram.extend([0] * (bucket + 1 - len(histogram)))
+        histogram[bucket] += 1
+    return result
+
+
+async def latency_rows(db: asyncpg.Connection, workspace_id: str) -> Histograms:
+    rows = await db.fetch(
+        "SELECT scope, hour, latency_histogram FROM latency_hourly WHERE workspace_id = $1",
+        uuid.UUID(workspace_id),
+    )
+    return {(str(r["scope"]), r["hour"]): r["latency_histogram"] for r in rows}
+
+
+async def check_latency_rows(
+    db: asyncpg.Connection, workspace_id: str, calls: list[dict[str, Any]]
+) -> None:
+    """latency_hourly holds exactly the histograms of `calls`: per workspace and per server."""
+    expected = histograms(calls, lambda c: workspace_id)
+    expected |= histograms(calls, lambda c: c["server_id"])
+    assert await latency_rows(db, workspace_id) == expected
+
+
+async def test_latency_per_scope_is_kept_by_the_writer(
     make_api: Any, db: asyncpg.Connection
 ) -> None:
-    """Past hours' percentiles are kept, and recomputed once their rollups change."""
-    api = await make_api(analytics_cache_seconds=0.01)
+    """Each batch adds its durations to the hourly histograms of its workspace and servers;
+    the latency series read them and match the exact percentiles of the raw calls."""
+    api = await make_api(analytics_cache_seconds=0.001)
     owner, key, servers = await workspace(api)
-    past = floor_hour(datetime.now(UTC)) - timedelta(hours=3)
-
-    def calls(server: str, duration: int, count: int) -> list[dict[str, Any]]:
-        return [
-            {"server_id": server, "tool_name": "t", "status": "success", "duration_ms": duration,
-             "created_at": iso(past + timedelta(minutes=10))}
-            for _ in range(count)
-        ]  # fmt: skip
-
-    await post_calls(api, key, calls(servers[0], 100, 10) + calls(servers[1], 2000, 5))
-
-    async def hour_item(**params: Any) -> dict[str, Any]:
-        await asyncio.sleep(0.02)  # past the response cache
-        latency = await analytics(api, key, "latency", days=1, **params)
-        item: dict[str, Any] = next(i for i in latency if i["hour"] == iso(past))
-        return item
-
-    first = await hour_item()
-    assert close(first["p50_ms"], 100) and close(first["p95_ms"], 2000)
-    assert await db.fetchval("SELECT count(*) FROM tool_call_latency_hourly") == 1
-    assert close((await hour_item(server_id=servers[1]))["p50_ms"], 2000)
-    assert await db.fetchval("SELECT count(*) FROM tool_call_latency_hourly") == 2
-    # Calls that arrive late for a past hour change it.
-    await post_calls(api, key, calls(servers[0], 7, 30))
-    changed = await hour_item()
-    assert close(changed["p50_ms"], 7) and close(changed["p95_ms"], 2000)
-    # Deleting a server takes its calls out.
-    await api.delete(f"/servers/{servers[1]}", auth=owner, expect=204)
-    remaining = await hour_item()
-    assert close(remaining["p50_ms"], 7) and close(remaining["p99_ms"], 100)
-    assert await db.fetchval("SELECT count(*) FROM tool_call_latency_hourly") == 1
+    _, other_key, other_servers = await workspace(api)
+    rng = random.Random(21)
+    now = datetime.now(UTC)
+    calls: list[dict[str, Any]] = []
+    # Several requests over several hours and servers, so rows are upserted again and again.
+    for _ in range(5):
+        batch = random_calls(rng, servers, now, 400, hours=20)
+        await post_calls(api, key, batch)
+        calls += batch
+    await post_calls(api, other_key, random_calls(rng, other_servers, now, 200, hours=20))
+    await check_latency_rows(db, owner.workspace_id, calls)
+    await asyncio.sleep(0.01)  # past the response cache
+    await check_against_raw(api, owner, calls, 1, None)
+    await check_against_raw(api, key, calls, 1, servers[1])
 
 
-async def snapshot(db: asyncpg.Connection) -> list[dict[str, Any]]:
-    rows = await db.fetch(
-        "SELECT * FROM tool_call_hourly ORDER BY workspace_id, server_id, tool_name, hour"
+async def test_deleting_a_server_takes_its_calls_out_of_the_workspace_latency(
+    make_api: Any, db: asyncpg.Connection
+) -> None:
+    api = await make_api(analytics_cache_seconds=0.001)
+    owner, key, servers = await workspace(api)
+    rng = random.Random(22)
+    now = datetime.now(UTC)
+    calls = random_calls(rng, servers, now, 1500, hours=12)
+    # Hours in which only the doomed server has timed calls, and its slowest calls (the longest
+    # histograms): the workspace's must lose those hours and shrink back.
+    doomed = servers[0]
+    alone = floor_hour(now) - timedelta(hours=15)
+    calls += [
+        {"server_id": doomed, "tool_name": "slow", "status": "success", "duration_ms": d,
+         "created_at": iso(at)}
+        for d, at in ((90_000, alone), (120_000, now), (250, alone + timedelta(hours=1)))
+    ]  # fmt: skip
+    calls += [
+        {"server_id": servers[1], "tool_name": "untimed", "status": "success",
+         "created_at": iso(alone + timedelta(hours=1))}
+    ]  # fmt: skip
+    await post_calls(api, key, calls)
+    await check_latency_rows(db, owner.workspace_id, calls)
+
+    await api.delete(f"/servers/{doomed}", auth=owner, expect=204)
+    remaining = [c for c in calls if c["server_id"] != doomed]
+    # Exactly as if the calls had never been made: the rows equal those of the other calls
+    # (no hour left with an empty histogram, no trailing zero buckets)...
+    await check_latency_rows(db, owner.workspace_id, remaining)
+    assert not await db.fetchval(
+        "SELECT count(*) FROM latency_hourly WHERE scope = $1", uuid.UUID(doomed)
     )
-    return [dict(row) for row in rows]
+    # ...and to a rebuild from the raw calls that are left.
+    before = await snapshot(db)
+    async with api.app[POOL].acquire() as conn:
+        await rebuild(conn)
+    assert await snapshot(db) == before
+    await asyncio.sleep(0.01)
+    await check_against_raw(api, owner, remaining, 1, None)
+
+    # Deleting the workspace takes the rest.
+    await db.execute("DELETE FROM workspaces WHERE id = $1", uuid.UUID(owner.workspace_id))
+    for table in ROLLUP_TABLES:
+        assert not await db.fetchval(f"SELECT count(*) FROM {table}")
+
+
+ROLLUP_TABLES = {
+    "tool_call_hourly": "workspace_id, server_id, tool_name, hour",
+    "tool_call_caller_hourly": "workspace_id, caller_agent, server_id, tool_name, hour",
+    "latency_hourly": "scope, hour",
+}
+
+
+async def snapshot(db: asyncpg.Connection) -> dict[str, list[dict[str, Any]]]:
+    """Every row of every rollup table."""
+    return {
+        table: [dict(row) for row in await db.fetch(f"SELECT * FROM {table} ORDER BY {order}")]
+        for table, order in ROLLUP_TABLES.items()
+    }
+
+
+def row_count(tables: dict[str, list[dict[str, Any]]]) -> int:
+    return sum(len(rows) for rows in tables.values())
 
 
 async def test_rebuild_gives_what_the_writer_wrote(api: Api, db: asyncpg.Connection) -> None:
@@ -351,19 +429,26 @@ async def test_rebuild_gives_what_the_writer_wrote(api: Api, db: asyncpg.Connect
         ],
     )  # fmt: skip
     written = await snapshot(db)
-    assert sum(row["call_count"] for row in written) == 4 * 700 + 300 + len(edges)
-
+    total = 4 * 700 + 300 + len(edges)
+    assert sum(row["call_count"] for row in written["tool_call_hourly"]) == total
+    assert all(written.values())
     async with api.app[POOL].acquire() as conn:
         done = await rebuild(conn)
-    assert done.deleted == done.inserted == len(written)
+    assert done.deleted == done.inserted == row_count(written)
     assert await snapshot(db) == written
 
     # Scoped to one workspace, after its rollups were lost: the other's stay as they were.
     workspace_id = await db.fetchval("SELECT workspace_id FROM servers WHERE id = $1", servers[0])
-    await db.execute("DELETE FROM tool_call_hourly WHERE workspace_id = $1", workspace_id)
+    for table in ROLLUP_TABLES:
+        await db.execute(f"DELETE FROM {table} WHERE workspace_id = $1", workspace_id)
     async with api.app[POOL].acquire() as conn:
         done = await rebuild(conn, workspace_id)
     assert done.deleted == 0
+    assert await snapshot(db) == written
+    # Scoped to a workspace whose rollups are all there: replaced by the same rows.
+    async with api.app[POOL].acquire() as conn:
+        done = await rebuild(conn, workspace_id)
+    assert 0 < done.deleted == done.inserted < row_count(written)
     assert await snapshot(db) == written
 
 
@@ -371,7 +456,8 @@ async def test_rebuild_command(api: Api, db: asyncpg.Connection, database_url: s
     owner, key, servers = await workspace(api)
     await post_calls(api, key, random_calls(random.Random(3), servers, datetime.now(UTC), 500, 50))
     written = await snapshot(db)
-    await db.execute("DELETE FROM tool_call_hourly")
+    for table in ROLLUP_TABLES:
+        await db.execute(f"DELETE FROM {table}")
     command = shutil.which("mcp-gateway")
     args = [command] if command else [sys.executable, "-m", "gateway"]
     result = await asyncio.to_thread(

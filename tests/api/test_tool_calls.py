@@ -229,3 +229,77 @@ async def test_total_is_exact_over_hours(api: Api, db: asyncpg.Connection) -> No
         expected = sum(all(check(c) for check in conditions) for c in body)
         reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
         assert reply.body["total"] == expected, params
+
+
+async def test_caller_agent_totals_are_exact(api: Api, db: asyncpg.Connection) -> None:
+    """caller_agent totals add tool_call_caller_hourly for whole hours and rows for the partial
+    ones, combined with every other filter: check against rows."""
+    owner, key, server_id = await workspace_with_server(api, db)
+    other_server = await add_server(api, db, owner, "http://127.0.0.1:9/other")
+    rng = random.Random(12)
+    base = datetime(2026, 6, 2, tzinfo=UTC)
+    callers = ["planner", "coder", "Coder"]
+    body = [
+        tool_call(
+            rng.choice([server_id, other_server]),
+            tool_name=rng.choice(["alpha", "beta", "alphabet"]),
+            status=rng.choice(["success", "error"]),
+            caller_agent=rng.choice([None, *callers]),
+            created_at=iso(base + timedelta(seconds=rng.randrange(8 * 3600))),
+        )
+        for _ in range(900)
+    ]
+    await api.post("/tool-calls", json=body, auth=key, expect=201)
+    # The rollup holds the counts of every (caller, server, tool, hour) with a caller.
+    expected_rows: dict[tuple[str, str, str, datetime], list[int]] = {}
+    for c in body:
+        if c["caller_agent"] is not None:
+            at = datetime.fromisoformat(c["created_at"]).replace(minute=0, second=0)
+            counts = expected_rows.setdefault(
+                (c["caller_agent"], c["server_id"], c["tool_name"], at), [0, 0]
+            )
+            counts[0] += 1
+            counts[1] += c["status"] == "error"
+    rows = await db.fetch("SELECT * FROM tool_call_caller_hourly")
+    assert {
+        (r["caller_agent"], str(r["server_id"]), r["tool_name"], r["hour"]): [
+            r["call_count"],
+            r["error_count"],
+        ]
+        for r in rows
+    } == expected_rows
+
+    for i in range(40):
+        caller = rng.choice([*callers, "nobody"])
+        params: dict[str, Any] = {"limit": 1, "caller_agent": caller}
+        conditions = [lambda c, a=caller: c["caller_agent"] == a]
+        if i % 2 or rng.random() < 0.5:  # never on a whole hour, mostly
+            start = base + timedelta(seconds=rng.randrange(-600, 8 * 3600))
+            params["start"] = iso(start)
+            conditions.append(lambda c, s=start: datetime.fromisoformat(c["created_at"]) >= s)
+        if i % 3 == 0 or rng.random() < 0.5:
+            low = datetime.fromisoformat(params.get("start", iso(base)))
+            end = low + timedelta(seconds=rng.randrange(0, 9 * 3600))
+            params["end"] = iso(end)
+            conditions.append(lambda c, e=end: datetime.fromisoformat(c["created_at"]) <= e)
+        if rng.random() < 0.4:
+            params["status"] = rng.choice(["success", "error"])
+            conditions.append(lambda c, s=params["status"]: c["status"] == s)
+        if rng.random() < 0.4:
+            needle = rng.choice(["alpha", "BET", "a"])
+            params["tool_name"] = needle
+            lowered = needle.lower()
+            conditions.append(lambda c, t=lowered: t in c["tool_name"].lower())
+        if rng.random() < 0.4:
+            params["server_id"] = rng.choice([server_id, other_server])
+            conditions.append(lambda c, s=params["server_id"]: c["server_id"] == s)
+        expected = sum(all(check(c) for check in conditions) for c in body)
+        reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
+        assert reply.body["total"] == expected, params
+
+    # Whole hours are read from the rollup, not counted row by row.
+    await db.execute("UPDATE tool_call_caller_hourly SET call_count = call_count + 1")
+    params = {"limit": 1, "caller_agent": "coder"}
+    reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
+    coder = sum(c["caller_agent"] == "coder" for c in body)
+    assert reply.body["total"] == coder + sum(k[0] == "coder" for k in expected_rows)
