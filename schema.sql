@@ -421,4 +421,4 @@ CREATE TABLE alert_delivery_attempts (
     PRIMARY KEY (delivery_id, attempt)
 );
 
-INSERT INTO schema_version (version) VALUES (1);
+INSERT INTO schema_version (version) VALUES (2);
