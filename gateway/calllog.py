@@ -1,24 +1,15 @@
-"""The tool call log: a bounded in-memory queue flushed by COPY, with hourly latency histograms.
+"""The tool call log: a bounded in-memory queue of tool calls, flushed by COPY in batches.
 
-Latency histograms (tool_call_hourly.latency_histogram, and latency_bucket() in schema.sql):
-durations are integer milliseconds. Bucket i < 50 holds exactly i ms. From 50 ms up, bucket
-i = 50 + floor(log(ms / 50) / log(1.02)) holds [50 * 1.02**(i-50), 50 * 1.02**(i-49)): each bucket
-is 2% wider than the one before, about 940 buckets up to 2**31 ms. A histogram is a dense
-integer[] where element i (0-based here, i + 1 in SQL) counts bucket i; it only reaches the
-highest bucket seen. Merging is element-wise addition (histogram_add(), and the aggregate
-histogram_sum() in SQL; merge() here). bucket_value(i) maps a bucket back to one value whose
-relative error against any duration in that bucket is at most 0.99%, so a nearest-rank
-percentile read with percentile() is within 1% of the exact one.
-
-Writing: CallLog.add() appends to a list and returns (it never awaits I/O); one background task
-swaps the list out every FLUSH_SECONDS or when it holds BATCH_ROWS rows and writes it in one
-transaction (COPY into a staging table, then insert + rollup upsert: gateway/db/tool_calls.py).
-If PostgreSQL fails, the batch goes back to the front of the queue and is retried with backoff.
-Records carry their ids from the start and the insert skips ids already stored, so a retry after
-an ambiguous commit never duplicates. The queue is bounded (max_rows, counting the batch being
-retried): past the bound, add() drops the new record and counts it (stats.dropped, and a warning
-at most every 10 s), and write() (POST /tool-calls) refuses with 503, so nothing acknowledged is
-dropped. On shutdown the queue drains before the pool closes.
+CallLog.add() (the proxy) appends to a list and returns: it never awaits I/O. A background task
+takes a batch every FLUSH_SECONDS, or as soon as BATCH_ROWS rows wait, and writes it in one
+transaction: COPY into tool_calls plus the batch's rollups (gateway/db/tool_calls.py). Up to
+WRITERS batches are written at once, each on its own connection. A batch that fails is retried
+with backoff; records carry their ids from the start and a retry skips ids already stored, so an
+ambiguous commit never duplicates. The queue is bounded (max_rows, counting batches being written
+or waiting for a retry): past the bound, add() drops the new record and counts it (stats.dropped,
+and a warning at most every 10 s), and write() (POST /tool-calls, which answers only after its
+rows are committed) refuses with 503, so nothing acknowledged is dropped. On shutdown the queue
+drains before the pool closes.
 """
 
 from __future__ import annotations
@@ -26,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -40,69 +30,6 @@ from gateway.db import tool_calls as tool_calls_db
 from gateway.errors import DATABASE_DOWN, ServiceUnavailable
 
 log = logging.getLogger(__name__)
-
-EXACT_BELOW_MS = 50
-GROWTH = 1.02
-_LOG_GROWTH = math.log(GROWTH)
-
-
-def latency_bucket(duration_ms: int) -> int:
-    """The histogram bucket of a duration; the same as latency_bucket() in schema.sql."""
-    if duration_ms < EXACT_BELOW_MS:
-        return max(duration_ms, 0)
-    return EXACT_BELOW_MS + math.floor(math.log(duration_ms / EXACT_BELOW_MS) / _LOG_GROWTH)
-
-
-def bucket_bounds(bucket: int) -> tuple[int, int]:
-    """The smallest and largest integer durations that fall into a bucket."""
-    if bucket < EXACT_BELOW_MS:
-        return bucket, bucket
-    low = EXACT_BELOW_MS * GROWTH ** (bucket - EXACT_BELOW_MS)
-    high = EXACT_BELOW_MS * GROWTH ** (bucket - EXACT_BELOW_MS + 1)
-    smallest = math.ceil(low)
-    # Guard the float edges by asking the bucket function itself.
-    while latency_bucket(smallest) < bucket:
-        smallest += 1
-    while smallest > 0 and latency_bucket(smallest - 1) == bucket:
-        smallest -= 1
-    largest = max(smallest, math.ceil(high) - 1)
-    while latency_bucket(largest) > bucket:
-        largest -= 1
-    while latency_bucket(largest + 1) == bucket:
-        largest += 1
-    return smallest, largest
-
-
-def bucket_value(bucket: int) -> float:
-    """One value standing for every duration in the bucket: the point whose relative distance to
-    both ends is equal (at most (1.02 - 1) / (1.02 + 1) < 1%)."""
-    low, high = bucket_bounds(bucket)
-    if low == high:
-        return float(low)
-    return 2 * low * high / (low + high)
-
-
-def merge(a: Sequence[int], b: Sequence[int]) -> list[int]:
-    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
-    merged = list(longer)
-    for i, count in enumerate(shorter):
-        merged[i] += count
-    return merged
-
-
-def percentile(histogram: Sequence[int], fraction: float) -> float | None:
-    """Nearest-rank percentile (fraction 0..1) of a histogram; None when it is empty."""
-    total = sum(histogram)
-    if total == 0:
-        return None
-    rank = max(1, math.ceil(fraction * total))
-    seen = 0
-    for bucket, count in enumerate(histogram):
-        seen += count
-        if seen >= rank:
-            return bucket_value(bucket)
-    raise AssertionError("unreachable: rank <= total")
-
 
 # -- records -----------------------------------------------------------------------------------
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from gateway.calllog import bucket_value
 from gateway.db.rollups import floor_hour
 from gateway.db.types import Executor
+from gateway.histograms import bucket_value
 
 PERCENTILES = (0.5, 0.95, 0.99)
 

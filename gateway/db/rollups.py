@@ -4,18 +4,23 @@ rebuilding them.
 Three tables, all keyed by UTC hour: tool_call_hourly (per workspace, server and tool: counts,
 durations and a latency histogram), tool_call_caller_hourly (the same counts per caller_agent
 too) and latency_hourly (one merged latency histogram per workspace and per server). The call
-log writer adds every batch to them in the batch's transaction (gateway/db/tool_calls.py);
-rebuild() recomputes them from the raw rows instead, for data that did not come through the
-writer (a bulk COPY, a restore). Both run roll_up(), so they cannot disagree.
+log writer adds every batch to them in the batch's transaction (add_batch(), which aggregates
+the batch in Python); rebuild() recomputes them from the raw rows in SQL instead (roll_up()), for
+data that did not come through the writer (a bulk COPY, a restore). The tests check that both
+give the same rows.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from gateway.db.types import Connection
+from gateway.histograms import latency_bucket
 
 
 def floor_hour(moment: datetime) -> datetime:
@@ -34,10 +39,9 @@ TABLES = ("tool_call_hourly", "tool_call_caller_hourly", "latency_hourly")
 # (workspace, server, tool, hour, latency bucket) with GROUP BY, then one per rollup key with
 # its histogram built from those (histogram_of): a few million groups for 10M calls, and no
 # function call per call (latency_bucket() is inlined). date_bin gives the UTC hour three times
-# cheaper than date_trunc('hour', created_at, 'UTC'). Keys are upserted in key order, so two
-# gateway processes writing the same hours cannot deadlock. `calls` is read twice (the caller
-# counts need no buckets): a second index scan of a batch's ids, rather than setting 10 million
-# rows aside during a rebuild. The result is the number of rollup rows inserted or updated.
+# cheaper than date_trunc('hour', created_at, 'UTC'). Keys are upserted in key order, as
+# add_batch() does. `calls` is scanned twice (the caller counts need no buckets) rather than
+# setting 10 million rows aside. The result is the number of rollup rows inserted or updated.
 _ROLL_UP = """
 WITH calls AS NOT MATERIALIZED (
     SELECT workspace_id, server_id, tool_name, caller_agent, status, duration_ms,
@@ -109,6 +113,132 @@ def roll_up(where: str) -> str:
     """The statement adding the tool_calls rows matching `where` (SQL, with $n parameters)
     to every rollup table."""
     return _ROLL_UP.format(where=where)
+
+
+# A batch's rollups, aggregated by the writer (add_batch()): a few rows per tool and hour rather
+# than one per call, so PostgreSQL upserts those instead of reading the batch back. Histograms
+# travel as array literals ('{0,2,1}') because a ragged integer[][] cannot. Keys are upserted in
+# the same order as roll_up() does, so writers and a rebuild never deadlock each other.
+_ADD_BATCH = """
+WITH per_tool AS (
+    INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, call_count,
+                                      error_count, duration_count, duration_sum_ms,
+                                      latency_histogram)
+    SELECT u.workspace_id, u.server_id, u.tool_name, u.hour, u.calls, u.errors, u.timed,
+           u.duration_sum, u.histogram::integer[]
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[],
+                $6::bigint[], $7::bigint[], $8::bigint[], $9::text[])
+         AS u (workspace_id, server_id, tool_name, hour, calls, errors, timed, duration_sum,
+               histogram)
+    ORDER BY u.workspace_id, u.tool_name, u.server_id, u.hour
+    ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
+        call_count = h.call_count + excluded.call_count,
+        error_count = h.error_count + excluded.error_count,
+        duration_count = h.duration_count + excluded.duration_count,
+        duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
+        latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)
+),
+per_caller AS (
+    INSERT INTO tool_call_caller_hourly AS c (workspace_id, caller_agent, tool_name, server_id,
+                                             hour, call_count, error_count)
+    SELECT * FROM unnest($10::uuid[], $11::text[], $12::text[], $13::uuid[],
+                         $14::timestamptz[], $15::bigint[], $16::bigint[])
+                  AS u (workspace_id, caller_agent, tool_name, server_id, hour, calls, errors)
+    ORDER BY 1, 2, 3, 4, 5
+    ON CONFLICT (workspace_id, caller_agent, tool_name, server_id, hour) DO UPDATE SET
+        call_count = c.call_count + excluded.call_count,
+        error_count = c.error_count + excluded.error_count
+)
+INSERT INTO latency_hourly AS l (scope, workspace_id, hour, latency_histogram)
+SELECT u.scope, u.workspace_id, u.hour, u.histogram::integer[]
+FROM unnest($17::uuid[], $18::uuid[], $19::timestamptz[], $20::text[])
+     AS u (scope, workspace_id, hour, histogram)
+ORDER BY u.scope, u.hour
+ON CONFLICT (scope, hour) DO UPDATE SET
+    latency_histogram = histogram_add(l.latency_histogram, excluded.latency_histogram)
+"""
+
+
+@dataclass(slots=True)
+class _Counts:
+    calls: int = 0
+    errors: int = 0
+    timed: int = 0
+    duration_sum: int = 0
+    # bucket -> calls
+    histogram: dict[int, int] = field(default_factory=dict)
+
+
+def _literal(histogram: dict[int, int]) -> str:
+    """A dense histogram as an integer[] literal, up to its highest bucket ('{}' if empty)."""
+    dense = [0] * (max(histogram) + 1) if histogram else []
+    for bucket, calls in histogram.items():
+        dense[bucket] = calls
+    return "{" + ",".join(map(str, dense)) + "}"
+
+
+def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as `width` parallel lists: one array parameter per column for unnest()."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
+
+
+async def add_batch(conn: Connection, records: Sequence[tuple[Any, ...]]) -> None:
+    """Add records just inserted into tool_calls (in tool_calls.COLUMNS order) to every rollup
+    table: the same figures as roll_up() computes from the stored rows (a test checks it)."""
+    # Keyed by plain ints (UUID.int, hours since the epoch): hashing a UUID or a datetime per
+    # row would cost more than the rest of the loop.
+    per_tool: dict[tuple[Any, ...], _Counts] = defaultdict(_Counts)
+    per_caller: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
+    per_scope: dict[tuple[int, int, int], dict[int, int]] = defaultdict(dict)
+    for _, workspace, server, tool, caller, status, duration, *_, created_at in records:
+        ws, sv, hour = workspace.int, server.int, int(created_at.timestamp()) // 3600
+        error = status == "error"
+        counts = per_tool[ws, sv, tool, hour]
+        counts.calls += 1
+        counts.errors += error
+        if caller is not None:
+            by_caller = per_caller[ws, caller, tool, sv, hour]
+            by_caller[0] += 1
+            by_caller[1] += error
+        if duration is not None:
+            counts.timed += 1
+            counts.duration_sum += duration
+            bucket = latency_bucket(duration)
+            counts.histogram[bucket] = counts.histogram.get(bucket, 0) + 1
+            for scope in (ws, sv):
+                histogram = per_scope[scope, ws, hour]
+                histogram[bucket] = histogram.get(bucket, 0) + 1
+    tools = [
+        (
+            _uuid(ws),
+            _uuid(sv),
+            tool,
+            _hour(hour),
+            c.calls,
+            c.errors,
+            c.timed,
+            c.duration_sum,
+            _literal(c.histogram),
+        )
+        for (ws, sv, tool, hour), c in per_tool.items()
+    ]
+    callers = [
+        (_uuid(ws), caller, tool, _uuid(sv), _hour(hour), calls, errors)
+        for (ws, caller, tool, sv, hour), (calls, errors) in per_caller.items()
+    ]
+    scopes = [
+        (_uuid(scope), _uuid(ws), _hour(hour), _literal(histogram))
+        for (scope, ws, hour), histogram in per_scope.items()
+    ]
+    await conn.execute(_ADD_BATCH, *_columns(tools, 9), *_columns(callers, 7), *_columns(scopes, 4))
+
+
+def _uuid(value: int) -> uuid.UUID:
+    return uuid.UUID(int=value)
+
+
+def _hour(hours_since_epoch: int) -> datetime:
+    return datetime.fromtimestamp(hours_since_epoch * 3600, UTC)
 
 
 # Writers (their roll-up statement upserts every rollup table) wait while a rebuild runs;

@@ -39,9 +39,6 @@ SELECT id, workspace_id FROM servers WHERE id = ANY($1::uuid[]) ORDER BY id FOR 
 # Only for a retried batch: an earlier attempt may have committed without our hearing of it.
 _STORED_IDS = "SELECT id FROM tool_calls WHERE id = ANY($1::uuid[])"
 
-# The rollups of exactly the rows just inserted, read back by primary key.
-_ROLL_UP = rollups.roll_up("id = ANY($1::uuid[])")
-
 
 async def write_batch(
     conn: Connection, records: Sequence[tuple[Any, ...]], *, retry: bool = True
@@ -49,15 +46,18 @@ async def write_batch(
     """Store records (in COLUMNS order) and their rollups in one transaction; returns how many
     were new (rows of deleted servers are skipped, and with `retry` rows already stored)."""
     async with conn.transaction():
-        servers = {r[0]: r[1] for r in await conn.fetch(_LOCK_SERVERS, {r[2] for r in records})}
-        rows = [r for r in records if servers.get(r[2]) == r[1]]
+        # Compared as UUID.int: hashing a stdlib UUID per row is slow.
+        ids = {r[2].int: r[2] for r in records}
+        locked = await conn.fetch(_LOCK_SERVERS, list(ids.values()))
+        servers = {r[0].int: r[1].int for r in locked}
+        rows = [r for r in records if servers.get(r[2].int) == r[1].int]
         if retry and rows:
             stored = {r[0] for r in await conn.fetch(_STORED_IDS, [r[0] for r in rows])}
             rows = [r for r in rows if r[0] not in stored]
         if not rows:
             return 0
         await conn.copy_records_to_table("tool_calls", records=rows, columns=COLUMNS)
-        await conn.execute(_ROLL_UP, [r[0] for r in rows])
+        await rollups.add_batch(conn, rows)
     return len(rows)
 
 

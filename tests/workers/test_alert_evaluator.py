@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.calllog import bucket_value, latency_bucket
+from gateway.histograms import bucket_value, latency_bucket
 from gateway.keys import POOL
 from gateway.workers.alert_evaluator import evaluate_due_rules, evaluate_rule, holds
 from tests.alerting import add_rule, add_server, ago, claim_all, evaluate, events, ingest
