@@ -13,8 +13,8 @@ CPU 1, one request at a time):
 
 * every analytics endpoint at days=30, for the workspace and for one server, uncached: the
   response cache lives 1 ms and requests are 10 ms apart, so every answer is computed again
-  (the first latency request of a scope computes the percentiles of every hour and keeps those
-  of past hours; it is reported on its own as "first");
+  (the first latency request of a scope is also reported on its own as "first": it finds
+  nothing warm in PostgreSQL's buffers);
 * GET /tool-calls (first page of 50, with its exact `total`): without a filter and with each
   filter; every total is checked once against count(*).
 
