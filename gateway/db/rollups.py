@@ -35,6 +35,26 @@ def ceil_hour(moment: datetime) -> datetime:
 
 TABLES = ("tool_call_hourly", "tool_call_caller_hourly", "latency_hourly")
 
+# How a rollup row takes in more calls; shared by roll_up() and add_batch(). The aliases h, c
+# and l are those of the INSERTs.
+_ADD_TO_TOOL = """ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
+        call_count = h.call_count + excluded.call_count,
+        error_count = h.error_count + excluded.error_count,
+        duration_count = h.duration_count + excluded.duration_count,
+        duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
+        latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)"""
+_ADD_TO_CALLER = """ON CONFLICT (workspace_id, caller_agent, tool_name, server_id, hour)
+    DO UPDATE SET
+        call_count = c.call_count + excluded.call_count,
+        error_count = c.error_count + excluded.error_count"""
+_ADD_TO_SCOPE = """ON CONFLICT (scope, hour) DO UPDATE SET
+        latency_histogram = histogram_add(l.latency_histogram, excluded.latency_histogram)"""
+_ADDS = {
+    "add_to_tool": _ADD_TO_TOOL,
+    "add_to_caller": _ADD_TO_CALLER,
+    "add_to_scope": _ADD_TO_SCOPE,
+}
+
 # Adds the calls of tool_calls matching {where} to every rollup table. First one row per
 # (workspace, server, tool, hour, latency bucket) with GROUP BY, then one per rollup key with
 # its histogram built from those (histogram_of): a few million groups for 10M calls, and no
@@ -70,12 +90,7 @@ per_tool AS (
     FROM by_bucket
     GROUP BY workspace_id, tool_name, server_id, hour
     ORDER BY workspace_id, tool_name, server_id, hour
-    ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
-        call_count = h.call_count + excluded.call_count,
-        error_count = h.error_count + excluded.error_count,
-        duration_count = h.duration_count + excluded.duration_count,
-        duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
-        latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)
+    {add_to_tool}
     RETURNING 1
 ),
 per_caller AS (
@@ -87,9 +102,7 @@ per_caller AS (
     WHERE caller_agent IS NOT NULL
     GROUP BY workspace_id, caller_agent, tool_name, server_id, hour
     ORDER BY workspace_id, caller_agent, tool_name, server_id, hour
-    ON CONFLICT (workspace_id, caller_agent, tool_name, server_id, hour) DO UPDATE SET
-        call_count = c.call_count + excluded.call_count,
-        error_count = c.error_count + excluded.error_count
+    {add_to_caller}
     RETURNING 1
 ),
 per_scope AS (
@@ -100,8 +113,7 @@ per_scope AS (
     WHERE b.bucket IS NOT NULL
     GROUP BY s.scope, b.workspace_id, b.hour
     ORDER BY s.scope, b.hour
-    ON CONFLICT (scope, hour) DO UPDATE SET
-        latency_histogram = histogram_add(l.latency_histogram, excluded.latency_histogram)
+    {add_to_scope}
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM per_tool) + (SELECT count(*) FROM per_caller)
@@ -112,7 +124,7 @@ SELECT (SELECT count(*) FROM per_tool) + (SELECT count(*) FROM per_caller)
 def roll_up(where: str) -> str:
     """The statement adding the tool_calls rows matching `where` (SQL, with $n parameters)
     to every rollup table."""
-    return _ROLL_UP.format(where=where)
+    return _ROLL_UP.format(where=where, **_ADDS)
 
 
 # A batch's rollups, aggregated by the writer (add_batch()): a few rows per tool and hour rather
@@ -131,12 +143,7 @@ WITH per_tool AS (
          AS u (workspace_id, server_id, tool_name, hour, calls, errors, timed, duration_sum,
                histogram)
     ORDER BY u.workspace_id, u.tool_name, u.server_id, u.hour
-    ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
-        call_count = h.call_count + excluded.call_count,
-        error_count = h.error_count + excluded.error_count,
-        duration_count = h.duration_count + excluded.duration_count,
-        duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
-        latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)
+    {add_to_tool}
 ),
 per_caller AS (
     INSERT INTO tool_call_caller_hourly AS c (workspace_id, caller_agent, tool_name, server_id,
@@ -145,18 +152,15 @@ per_caller AS (
                          $14::timestamptz[], $15::bigint[], $16::bigint[])
                   AS u (workspace_id, caller_agent, tool_name, server_id, hour, calls, errors)
     ORDER BY 1, 2, 3, 4, 5
-    ON CONFLICT (workspace_id, caller_agent, tool_name, server_id, hour) DO UPDATE SET
-        call_count = c.call_count + excluded.call_count,
-        error_count = c.error_count + excluded.error_count
+    {add_to_caller}
 )
 INSERT INTO latency_hourly AS l (scope, workspace_id, hour, latency_histogram)
 SELECT u.scope, u.workspace_id, u.hour, u.histogram::integer[]
 FROM unnest($17::uuid[], $18::uuid[], $19::timestamptz[], $20::text[])
      AS u (scope, workspace_id, hour, histogram)
 ORDER BY u.scope, u.hour
-ON CONFLICT (scope, hour) DO UPDATE SET
-    latency_histogram = histogram_add(l.latency_histogram, excluded.latency_histogram)
-"""
+{add_to_scope}
+""".format(**_ADDS)
 
 
 @dataclass(slots=True)

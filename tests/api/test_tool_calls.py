@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -182,6 +183,36 @@ def iso(moment: datetime) -> str:
     return moment.isoformat()
 
 
+Check = Callable[[dict[str, Any]], bool]
+
+
+def add_filters(
+    rng: random.Random, params: dict[str, Any], conditions: list[Check], servers: list[str]
+) -> None:
+    """Maybe a status, a tool name substring and a server filter: as query parameters, and as
+    the conditions a matching call meets."""
+    if rng.random() < 0.4:
+        params["status"] = rng.choice(["success", "error"])
+        conditions.append(lambda c, s=params["status"]: c["status"] == s)
+    if rng.random() < 0.4:
+        needle = rng.choice(["alpha", "BET", "a"])
+        params["tool_name"] = needle
+        lowered = needle.lower()
+        conditions.append(lambda c, t=lowered: t in c["tool_name"].lower())
+    if rng.random() < 0.4:
+        params["server_id"] = rng.choice(servers)
+        conditions.append(lambda c, s=params["server_id"]: c["server_id"] == s)
+
+
+async def assert_total(
+    api: Api, key: str, body: list[dict[str, Any]], params: dict[str, Any], conditions: list[Check]
+) -> None:
+    """GET /tool-calls counts exactly the ingested calls that meet every condition."""
+    expected = sum(all(check(c) for check in conditions) for c in body)
+    reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
+    assert reply.body["total"] == expected, params
+
+
 async def test_total_is_exact_over_hours(api: Api, db: asyncpg.Connection) -> None:
     """Totals add rollups for whole hours and rows for the partial ones: check against rows."""
     owner, key, server_id = await workspace_with_server(api, db)
@@ -212,23 +243,11 @@ async def test_total_is_exact_over_hours(api: Api, db: asyncpg.Connection) -> No
                 end = datetime.fromisoformat(params["start"]) + timedelta(minutes=30)
             params["end"] = iso(end)
             conditions.append(lambda c, e=end: datetime.fromisoformat(c["created_at"]) <= e)
-        if rng.random() < 0.4:
-            params["status"] = rng.choice(["success", "error"])
-            conditions.append(lambda c, s=params["status"]: c["status"] == s)
-        if rng.random() < 0.4:
-            needle = rng.choice(["alpha", "BET", "a"])
-            params["tool_name"] = needle
-            lowered = needle.lower()
-            conditions.append(lambda c, t=lowered: t in c["tool_name"].lower())
-        if rng.random() < 0.3:
-            params["server_id"] = server_id
-            conditions.append(lambda c: c["server_id"] == server_id)
+        add_filters(rng, params, conditions, [server_id, other_server])
         if rng.random() < 0.2:
             params["caller_agent"] = "x"
             conditions.append(lambda c: c.get("caller_agent") == "x")
-        expected = sum(all(check(c) for check in conditions) for c in body)
-        reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
-        assert reply.body["total"] == expected, params
+        await assert_total(api, key, body, params, conditions)
 
 
 async def test_caller_agent_totals_are_exact(api: Api, db: asyncpg.Connection) -> None:
@@ -282,20 +301,8 @@ async def test_caller_agent_totals_are_exact(api: Api, db: asyncpg.Connection) -
             end = low + timedelta(seconds=rng.randrange(0, 9 * 3600))
             params["end"] = iso(end)
             conditions.append(lambda c, e=end: datetime.fromisoformat(c["created_at"]) <= e)
-        if rng.random() < 0.4:
-            params["status"] = rng.choice(["success", "error"])
-            conditions.append(lambda c, s=params["status"]: c["status"] == s)
-        if rng.random() < 0.4:
-            needle = rng.choice(["alpha", "BET", "a"])
-            params["tool_name"] = needle
-            lowered = needle.lower()
-            conditions.append(lambda c, t=lowered: t in c["tool_name"].lower())
-        if rng.random() < 0.4:
-            params["server_id"] = rng.choice([server_id, other_server])
-            conditions.append(lambda c, s=params["server_id"]: c["server_id"] == s)
-        expected = sum(all(check(c) for check in conditions) for c in body)
-        reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
-        assert reply.body["total"] == expected, params
+        add_filters(rng, params, conditions, [server_id, other_server])
+        await assert_total(api, key, body, params, conditions)
 
     # Whole hours are read from the rollup, not counted row by row.
     await db.execute("UPDATE tool_call_caller_hourly SET call_count = call_count + 1")
