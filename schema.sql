@@ -178,7 +178,7 @@ CREATE TABLE health_hourly (
 
 -- == tool calls ==
 
--- Latency histogram buckets (gateway/calllog.py has the Python twin and the inverse): integer
+-- Latency histogram buckets (gateway/histograms.py has the Python twin and the inverse): integer
 -- milliseconds below 50 get a bucket each; from 50 up, bucket widths grow by a factor 1.02, so a
 -- value read back from a bucket is within 1% of any duration that fell into it.
 -- Not STRICT (null still gives null): only then does PostgreSQL inline it into the calling

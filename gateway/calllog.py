@@ -4,12 +4,13 @@ CallLog.add() (the proxy) appends to a list and returns: it never awaits I/O. A 
 takes a batch every FLUSH_SECONDS, or as soon as BATCH_ROWS rows wait, and writes it in one
 transaction: COPY into tool_calls plus the batch's rollups (gateway/db/tool_calls.py). Up to
 WRITERS batches are written at once, each on its own connection. A batch that fails is retried
-with backoff; records carry their ids from the start and a retry skips ids already stored, so an
-ambiguous commit never duplicates. The queue is bounded (max_rows, counting batches being written
-or waiting for a retry): past the bound, add() drops the new record and counts it (stats.dropped,
-and a warning at most every 10 s), and write() (POST /tool-calls, which answers only after its
-rows are committed) refuses with 503, so nothing acknowledged is dropped. On shutdown the queue
-drains before the pool closes.
+after a backoff of its own (doubling up to a bound), and while the database is unreachable all
+writing pauses for it; records carry their ids from the start and a retry skips ids already
+stored, so an ambiguous commit never duplicates. The queue is bounded (max_rows, counting
+batches being written or waiting for a retry): past the bound, add() drops the new record and
+counts it (stats.dropped, and a warning at most every 10 s), and write() (POST /tool-calls,
+which answers only after its rows are committed) refuses with 503, so nothing acknowledged is
+dropped. On shutdown the queue drains before the pool closes.
 """
 
 from __future__ import annotations
@@ -89,11 +90,24 @@ class RowsRejected(Exception):
     """Some rows of a write() could not be stored (PostgreSQL refused them)."""
 
 
+@dataclass(slots=True, eq=False)
+class _Retry:
+    """A batch that failed, waiting until `due` for its next attempt."""
+
+    batch: list[ToolCall]
+    waiters: list[_Waiter]
+    # Seconds waited before this attempt: doubled at each failure of this batch.
+    backoff: float
+    due: float
+
+
 _FIRST_BACKOFF = 0.05
 
-_RETRYABLE: tuple[type[BaseException], ...] = (
-    *DATABASE_DOWN,
-    TimeoutError,
+# The database is out of reach: every batch would fail, so all writing pauses for the backoff.
+_DATABASE_DOWN: tuple[type[BaseException], ...] = (*DATABASE_DOWN, TimeoutError)
+# Worth another attempt, and not a bug: logged without a traceback.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    *_DATABASE_DOWN,
     asyncpg.exceptions.TransactionRollbackError,  # deadlock, serialization
     asyncpg.exceptions.LockNotAvailableError,
 )
@@ -128,12 +142,13 @@ class CallLog:
         # The rows of each write(), as [start, end) in _rows, and its future: set once committed.
         self._waiters: list[_Waiter] = []
         # Batches that failed and wait for their retry, oldest first.
-        self._retries: list[tuple[list[ToolCall], list[_Waiter]]] = []
+        self._retries: list[_Retry] = []
         # Rows taken from the queue and not yet stored (being written or waiting for a retry):
         # counted in the bound.
         self._held = 0
-        self._writing: set[asyncio.Task[None]] = set()
-        self._backoff = _FIRST_BACKOFF
+        # The batches being written, by task: a task cancelled (even before it ran) fails them.
+        self._writing: dict[asyncio.Task[None], tuple[list[ToolCall], list[_Waiter]]] = {}
+        # Until then nothing is written: the database was unreachable.
         self._resume_at = 0.0
         # Set by producers, by a finished write and by close(): the writer looks again.
         self._wakeup = asyncio.Event()
@@ -220,74 +235,100 @@ class CallLog:
     # -- the writer task -------------------------------------------------------------------
 
     async def _run(self) -> None:
+        lingered = False
         while True:
-            if (not self._retries and not self._rows) or len(self._writing) >= self._writers:
+            now = time.monotonic()
+            if self._resume_at > now:  # backing off: the database was unreachable
+                await asyncio.sleep(self._resume_at - now)
+                continue
+            due = next((r for r in self._retries if r.due <= now), None)
+            if len(self._writing) >= self._writers or (due is None and not self._rows):
                 if self._closing and not self._writing and not self._retries and not self._rows:
                     return
+                # Until a write ends or rows come (the wakeup), or the next retry is due.
+                next_due = min((r.due for r in self._retries), default=None)
+                full = len(self._writing) >= self._writers
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._wakeup.wait(), None if full or next_due is None else next_due - now
+                    )
                 continue
-            pause = self._resume_at - time.monotonic()
-            if pause > 0:  # backing off after a failure
-                await asyncio.sleep(pause)
-                continue
-            if not self._retries and len(self._rows) < self._batch_rows and not self._closing:
-                # Linger a moment so a burst becomes one batch.
+            short = due is None and len(self._rows) < self._batch_rows and not self._closing
+            if short and not lingered:
+                # Linger a moment so a burst becomes one batch, then look again: a batch may
+                # have failed meanwhile.
+                lingered = True
                 self._hurry.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hurry.wait(), self._flush_seconds)
-            retry = bool(self._retries)
-            batch, waiters = self._take()
+                continue
+            lingered = False
+            batch, waiters = self._take(due)
             self._held += len(batch)
-            task = asyncio.create_task(self._write_batch(batch, waiters, retry=retry))
-            self._writing.add(task)
+            task = asyncio.create_task(
+                self._write_batch(batch, waiters, None if due is None else due.backoff)
+            )
+            self._writing[task] = (batch, waiters)
             task.add_done_callback(self._written)
 
     def _written(self, task: asyncio.Task[None]) -> None:
-        self._writing.discard(task)
+        batch, waiters = self._writing.pop(task)
+        if task.cancelled():  # shutdown gave up on it, maybe before it even started
+            self._held -= len(batch)
+            for _, _, future in waiters:
+                if not future.done():
+                    future.set_exception(ServiceUnavailable("the gateway shut down before storing"))
         self._wakeup.set()
 
     async def _write_batch(
-        self, batch: list[ToolCall], waiters: list[_Waiter], *, retry: bool
+        self, batch: list[ToolCall], waiters: list[_Waiter], backoff: float | None
     ) -> None:
-        """Write one batch; a failed one goes back in line for a retry, after a backoff."""
+        """Write one batch (`backoff`: it failed before); a failed one goes back in line for a
+        retry, after a backoff of its own."""
         try:
-            await self._write(batch, waiters, retry=retry)
-        except _RETRYABLE as exc:
+            await self._write(batch, waiters, retry=backoff is not None)
+        except _TRANSIENT as exc:
+            delay = self._failed(batch, waiters, backoff, pause_all=isinstance(exc, _DATABASE_DOWN))
             log.warning(
                 "cannot write %d tool calls (%s: %s); retrying in %.2f s",
                 len(batch),
                 type(exc).__name__,
                 exc,
-                self._backoff,
+                delay,
             )
-            self._failed(batch, waiters)
-        except asyncio.CancelledError:
-            self._held -= len(batch)
-            for _, _, future in waiters:
-                if not future.done():
-                    future.set_exception(ServiceUnavailable("the gateway shut down before storing"))
-            raise
         except Exception:
-            log.exception("unexpected error writing %d tool calls; retrying", len(batch))
-            self._failed(batch, waiters)
+            delay = self._failed(batch, waiters, backoff, pause_all=False)
+            log.exception(
+                "unexpected error writing %d tool calls; retrying in %.2f s", len(batch), delay
+            )
         else:
             self._held -= len(batch)
-            self._backoff = _FIRST_BACKOFF
 
-    def _failed(self, batch: list[ToolCall], waiters: list[_Waiter]) -> None:
-        # Still held (counted in the bound) until the retry succeeds.
+    def _failed(
+        self,
+        batch: list[ToolCall],
+        waiters: list[_Waiter],
+        backoff: float | None,
+        *,
+        pause_all: bool,
+    ) -> float:
+        """Put a failed batch in line for a retry (still held, counted in the bound, until it
+        succeeds); returns its delay."""
         self.stats.failures += 1
-        self._retries.append((batch, waiters))
-        self._resume_at = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, self._max_backoff)
+        delay = _FIRST_BACKOFF if backoff is None else min(backoff * 2, self._max_backoff)
+        due = time.monotonic() + delay
+        self._retries.append(_Retry(batch, waiters, delay, due))
+        if pause_all:
+            self._resume_at = max(self._resume_at, due)
+        return delay
 
-    def _take(self) -> tuple[list[ToolCall], list[_Waiter]]:
-        """The next batch: a failed batch first (as it was), else up to batch_rows new rows."""
-        if self._retries:
-            batch, waiters = self._retries.pop(0)
-            self._held -= len(batch)  # held again by the caller, as a new write
-            return batch, waiters
+    def _take(self, retry: _Retry | None) -> tuple[list[ToolCall], list[_Waiter]]:
+        """The next batch: a failed batch (as it was), else up to batch_rows new rows."""
+        if retry is not None:
+            self._retries.remove(retry)
+            self._held -= len(retry.batch)  # held again by the caller, as a new write
+            return retry.batch, retry.waiters
         if len(self._rows) <= self._batch_rows:
             batch, self._rows = self._rows, []
             waiters, self._waiters = self._waiters, []
@@ -332,16 +373,17 @@ class CallLog:
         waiters: list[_Waiter],
     ) -> None:
         refused: set[int] = set()
+        written = 0
         for index, row in enumerate(batch):
             try:
-                inserted = await tool_calls_db.write_batch(conn, [row])
+                written += await tool_calls_db.write_batch(conn, [row])
             except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
                 refused.add(index)
-                self.stats.rejected += 1
                 log.error("tool call refused by PostgreSQL and dropped: %s (%r)", exc, row)
-                continue
-            self.stats.written += inserted
-            self.stats.skipped += 1 - inserted
+        # Counted only now: a batch failing midway is written again from its first row.
+        self.stats.rejected += len(refused)
+        self.stats.written += written
+        self.stats.skipped += len(batch) - len(refused) - written
         for start, end, future in waiters:
             if not future.done():
                 if any(start <= i < end for i in refused):
@@ -350,7 +392,7 @@ class CallLog:
                     future.set_result(None)
 
     def _fail_waiters(self, exc: Exception) -> None:
-        retry_waiters = [waiter for _, waiters in self._retries for waiter in waiters]
+        retry_waiters = [waiter for retry in self._retries for waiter in retry.waiters]
         for _, _, future in [*self._waiters, *retry_waiters]:
             if not future.done():
                 future.set_exception(exc)

@@ -6,13 +6,16 @@ i = 50 + floor(log(ms / 50) / log(1.02)) holds [50 * 1.02**(i-50), 50 * 1.02**(i
 is 2% wider than the one before, about 940 buckets up to 2**31 ms. A histogram is a dense
 integer[] where element i (0-based here, i + 1 in SQL) counts bucket i; it only reaches the
 highest bucket seen. Merging is element-wise addition (histogram_add(), and the aggregate
-histogram_sum() in SQL; merge() here). bucket_value(i) maps a bucket back to one value whose
+histogram_sum() in SQL). bucket_value(i) maps a bucket back to one value whose
 relative error against any duration in that bucket is at most 0.99%, so a nearest-rank
 percentile read with percentile() is within 1% of the exact one.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -57,23 +60,24 @@ def bucket_value(bucket: int) -> float:
     return 2 * low * high / (low + high)
 
 
-def merge(a: Sequence[int], b: Sequence[int]) -> list[int]:
-    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
-    merged = list(longer)
-    for i, count in enumerate(shorter):
-        merged[i] += count
-    return merged
+# A few thousand buckets at most: each value is worked out once.
+_cached_value = functools.cache(bucket_value)
+
+
+def percentiles(histogram: Sequence[int], fractions: Sequence[float]) -> list[float] | None:
+    """Nearest-rank percentiles (fractions 0..1) of a histogram; None when it is empty. One
+    pass in C for the running counts, then a binary search per rank."""
+    running = list(itertools.accumulate(histogram))
+    total = running[-1] if running else 0
+    if total == 0:
+        return None
+    return [
+        _cached_value(bisect.bisect_left(running, max(1, math.ceil(fraction * total))))
+        for fraction in fractions
+    ]
 
 
 def percentile(histogram: Sequence[int], fraction: float) -> float | None:
-    """Nearest-rank percentile (fraction 0..1) of a histogram; None when it is empty."""
-    total = sum(histogram)
-    if total == 0:
-        return None
-    rank = max(1, math.ceil(fraction * total))
-    seen = 0
-    for bucket, count in enumerate(histogram):
-        seen += count
-        if seen >= rank:
-            return bucket_value(bucket)
-    raise AssertionError("unreachable: rank <= total")
+    """One nearest-rank percentile (fraction 0..1) of a histogram; None when it is empty."""
+    values = percentiles(histogram, (fraction,))
+    return None if values is None else values[0]

@@ -21,6 +21,7 @@ from gateway.calllog import CallLog, RowsRejected, ToolCall
 from gateway.db import rollups
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.pool import create_pool
+from gateway.db.types import Connection
 from gateway.errors import ServiceUnavailable
 from gateway.histograms import percentile
 from gateway.keys import CALL_LOG
@@ -225,6 +226,73 @@ async def test_concurrent_batches_and_a_deleted_server_keep_every_rollup_exact(
     assert await snapshot(db) == written
 
 
+async def waiting_for_a_lock(db: asyncpg.Connection, conn: Connection) -> None:
+    """Return once `conn`'s statement waits for a lock another transaction holds."""
+    pid = conn.get_server_pid()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        query = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
+        if await db.fetchval(query, pid) == "Lock":
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited for a lock")
+
+
+async def test_a_workspace_deleted_while_its_batch_is_in_flight_waits_for_it(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    """The batch's latency upsert needs its workspace row (a foreign key) while a workspace
+    delete needs the batch's servers: the batch holds the workspace from its start, so the delete
+    waits for it instead of the two deadlocking."""
+    workspace, (server, _) = servers
+    async with pool.acquire() as holder, pool.acquire() as writer, pool.acquire() as deleter:
+        # Another transaction holds latency_hourly: the batch stops right before that upsert.
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("LOCK TABLE latency_hourly IN SHARE MODE")
+        writing = asyncio.create_task(
+            tool_calls_db.write_batch(writer, [record(workspace, server)])
+        )
+        await waiting_for_a_lock(db, writer)
+        deleting = asyncio.create_task(
+            deleter.execute("DELETE FROM workspaces WHERE id = $1", workspace)
+        )
+        await waiting_for_a_lock(db, deleter)
+        await held.rollback()
+        assert await writing == 1
+        await deleting
+    rows = await snapshot(db)
+    assert not any(rows.values())
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
+
+
+async def test_a_workspace_deleted_during_a_rebuild_waits_for_it(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, other) = servers
+    async with pool.acquire() as holder, pool.acquire() as rebuilder, pool.acquire() as deleter:
+        await tool_calls_db.write_batch(
+            holder, [record(workspace, server), record(workspace, other)]
+        )
+        # Another transaction holds tool_calls: the rebuild stops before reading it, holding
+        # whatever it took first.
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("LOCK TABLE tool_calls IN ACCESS EXCLUSIVE MODE")
+        rebuilding = asyncio.create_task(rollups.rebuild(rebuilder))
+        await waiting_for_a_lock(db, rebuilder)
+        deleting = asyncio.create_task(
+            deleter.execute("DELETE FROM workspaces WHERE id = $1", workspace)
+        )
+        await waiting_for_a_lock(db, deleter)
+        await held.rollback()
+        rebuilt = await rebuilding
+        await deleting
+    assert rebuilt.inserted > 0
+    rows = await snapshot(db)
+    assert not any(rows.values())
+
+
 async def test_rows_naming_a_server_of_another_workspace_are_skipped(
     pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
 ) -> None:
@@ -252,6 +320,59 @@ async def test_a_refused_row_does_not_hold_back_the_rest(
     await log.close()
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == 3
     assert log.stats.rejected == 1
+
+
+async def test_a_batch_that_keeps_failing_backs_off_on_its_own(
+    pool: asyncpg.Pool,
+    db: asyncpg.Connection,
+    servers: tuple[uuid.UUID, list[uuid.UUID]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch failing outside PostgreSQL (a bug) waits longer before each attempt, while the
+    batches behind it are written at once (their success does not shorten its wait)."""
+    workspace, (server, _) = servers
+    log = CallLog(pool)
+    log.start()
+    log.add(record(workspace, server)._replace(workspace_id="not a uuid"))  # type: ignore[arg-type]
+
+    def delays() -> list[str]:
+        return [
+            r.getMessage().rsplit(" ", 2)[1]
+            for r in caplog.records
+            if r.getMessage().startswith("unexpected error writing 1 tool calls")
+        ]
+
+    deadline = time.monotonic() + 30
+    for _ in range(3000):  # its first attempt, alone
+        if delays():
+            break
+        await asyncio.sleep(0.01)
+    written = 0
+    while len(delays()) < 4 and time.monotonic() < deadline:
+        await asyncio.wait_for(log.write([record(workspace, server)]), 10)
+        written += 1
+    assert delays()[:4] == ["0.05", "0.10", "0.20", "0.40"]
+    await log.close(drain_seconds=0.2)  # the failing batch is given up at shutdown
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == written
+
+
+async def test_shutdown_fails_the_writes_it_gives_up_on(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, _) = servers
+    log = CallLog(pool)
+    log.start()
+    # Another transaction holds the server, so its batch cannot be written before shutdown.
+    transaction = db.transaction()
+    await transaction.start()
+    await db.execute("SELECT 1 FROM servers WHERE id = $1 FOR UPDATE", server)
+    writing = asyncio.create_task(log.write([record(workspace, server)]))
+    await asyncio.sleep(0.2)
+    await log.close(drain_seconds=0.2)
+    with pytest.raises(ServiceUnavailable):
+        await asyncio.wait_for(writing, 5)
+    assert len(log) == 0
+    await transaction.rollback()
 
 
 async def test_the_queue_is_bounded(

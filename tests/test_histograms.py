@@ -6,7 +6,7 @@ import random
 
 import asyncpg
 
-from gateway.histograms import bucket_bounds, bucket_value, latency_bucket, merge, percentile
+from gateway.histograms import bucket_bounds, bucket_value, latency_bucket, percentile, percentiles
 
 
 def test_buckets_are_within_one_percent() -> None:
@@ -35,8 +35,8 @@ async def test_sql_buckets_match_python(db: asyncpg.Connection) -> None:
 
 def test_percentile_of_a_histogram() -> None:
     assert percentile([], 0.5) is None
-    histogram = merge([0, 2], [1, 0, 0, 1])  # 0 ms once, 1 ms twice, 3 ms once
-    assert histogram == [1, 2, 0, 1]
+    histogram = [1, 2, 0, 1]  # 0 ms once, 1 ms twice, 3 ms once
     assert percentile(histogram, 0.5) == 1
     assert percentile(histogram, 1.0) == 3
     assert percentile(histogram, 0.0) == 0
+    assert percentiles(histogram, (0.0, 0.5, 0.75, 0.76, 1.0)) == [0, 1, 1, 3, 3]

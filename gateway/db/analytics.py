@@ -5,24 +5,20 @@ included as far as it has gone. Every figure comes from the rollups (never from 
 are written in the calls' own transactions, so counts are exact: tool_call_hourly for counts,
 latency_hourly (one merged histogram per hour of the workspace or of one server) for latency.
 Percentiles are nearest-rank, read from those histograms (within 1% of the exact value, see
-gateway/calllog.py).
+gateway/histograms.py).
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
-import itertools
-import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from gateway.db.rollups import floor_hour
 from gateway.db.types import Executor
-from gateway.histograms import bucket_value
+from gateway.histograms import percentiles
 
 PERCENTILES = (0.5, 0.95, 0.99)
 
@@ -118,9 +114,9 @@ async def latency(db: Executor, scope: Scope) -> list[dict[str, Any]]:
     )
     values = {}
     for row in rows:
-        percentiles = percentiles_of(row["latency_histogram"])
-        if percentiles is not None:
-            values[row["hour"]] = percentiles
+        read = percentiles(row["latency_histogram"], PERCENTILES)
+        if read is not None:
+            values[row["hour"]] = [round(value, 2) for value in read]
     return _series(
         scope.window,
         values,
@@ -147,21 +143,3 @@ def _series(
         value = values.get(hour)
         series.append({"hour": hour.isoformat(), **(empty if value is None else item(value))})
     return series
-
-
-# Bucket number -> the value read for it (bucket_value() searches the bucket's bounds).
-_bucket_value = functools.cache(bucket_value)
-
-
-def percentiles_of(histogram: Sequence[int]) -> tuple[float, float, float] | None:
-    """Nearest-rank p50, p95, p99 of a latency histogram (ms, 2 decimals); None when it is
-    empty. One pass in C (the running counts), then a binary search per rank."""
-    running = list(itertools.accumulate(histogram))
-    total = running[-1] if running else 0
-    if total == 0:
-        return None
-    p50, p95, p99 = (
-        round(_bucket_value(bisect.bisect_left(running, max(1, math.ceil(f * total)))), 2)
-        for f in PERCENTILES
-    )
-    return p50, p95, p99

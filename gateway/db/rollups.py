@@ -22,6 +22,9 @@ from typing import Any
 from gateway.db.types import Connection
 from gateway.histograms import latency_bucket
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_HOUR = timedelta(hours=1)
+
 
 def floor_hour(moment: datetime) -> datetime:
     """The start of the UTC hour holding `moment` (a rollup row's `hour`)."""
@@ -195,7 +198,7 @@ async def add_batch(conn: Connection, records: Sequence[tuple[Any, ...]]) -> Non
     per_caller: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
     per_scope: dict[tuple[int, int, int], dict[int, int]] = defaultdict(dict)
     for _, workspace, server, tool, caller, status, duration, *_, created_at in records:
-        ws, sv, hour = workspace.int, server.int, int(created_at.timestamp()) // 3600
+        ws, sv, hour = workspace.int, server.int, (created_at - _EPOCH) // _HOUR
         error = status == "error"
         counts = per_tool[ws, sv, tool, hour]
         counts.calls += 1
@@ -242,15 +245,30 @@ def _uuid(value: int) -> uuid.UUID:
 
 
 def _hour(hours_since_epoch: int) -> datetime:
-    return datetime.fromtimestamp(hours_since_epoch * 3600, UTC)
+    # Exact timedelta arithmetic both ways: a float timestamp would round far-off instants.
+    return _EPOCH + hours_since_epoch * _HOUR
 
 
-# Writers (their roll-up statement upserts every rollup table) wait while a rebuild runs;
-# readers do not. Taken before the rebuild reads tool_calls, so every committed call is in what
-# it reads and no call commits until the new rollups do. The tables are locked in the order in
-# which a server's delete reaches them (the foreign key cascades into the first two, then the
-# trigger delete_server_latency()), so a server deleted meanwhile waits instead of deadlocking.
-_LOCK = f"LOCK TABLE {', '.join(TABLES)} IN SHARE ROW EXCLUSIVE MODE"
+# A rebuild first locks its workspaces, then their servers (FOR KEY SHARE, as a call log batch
+# does), in the order in which a delete takes them: a workspace or server delete then waits for
+# the rebuild instead of holding a row the rebuild's inserts need (their foreign keys) while it
+# waits for the tables the rebuild holds, a deadlock. Only a server created during the rebuild,
+# given calls and deleted before the rebuild ends could still deadlock; PostgreSQL then fails
+# one of the two and it can simply be run again.
+_LOCK_ROWS = {
+    "": (
+        "SELECT FROM workspaces ORDER BY id FOR KEY SHARE",
+        "SELECT FROM servers ORDER BY id FOR KEY SHARE",
+    ),
+    "AND workspace_id = $1": (
+        "SELECT FROM workspaces WHERE id = $1 FOR KEY SHARE",
+        "SELECT FROM servers WHERE workspace_id = $1 ORDER BY id FOR KEY SHARE",
+    ),
+}
+# Then writers (they upsert every rollup table) wait while the rebuild runs; readers do not.
+# Taken before the rebuild reads tool_calls, so every committed call is in what it reads and no
+# call commits until the new rollups do.
+_LOCK_TABLES = f"LOCK TABLE {', '.join(TABLES)} IN SHARE ROW EXCLUSIVE MODE"
 
 # {table}, then {scope}: empty (every workspace) or "AND workspace_id = $1".
 _DELETE = "DELETE FROM {table} WHERE true {scope}"
@@ -277,7 +295,9 @@ async def rebuild(conn: Connection, workspace_id: uuid.UUID | None = None) -> Re
     scope = "" if workspace_id is None else "AND workspace_id = $1"
     args = () if workspace_id is None else (workspace_id,)
     async with conn.transaction():
-        await conn.execute(_LOCK)
+        for lock in _LOCK_ROWS[scope]:
+            await conn.execute(lock, *args)
+        await conn.execute(_LOCK_TABLES)
         await conn.execute(_WORK_MEM)
         deleted = 0
         for table in TABLES:

@@ -28,10 +28,14 @@ COLUMNS = (
     "created_at",
 )
 
-# The batch's servers, locked until commit: a server deleted meanwhile is simply absent (its
-# rows are skipped), and one cannot be deleted before the batch commits (the delete then
-# removes the rows too: delete_server_calls() in schema.sql). This replaces a foreign key,
-# whose per-row check cost more than the lock does once per batch.
+# The batch's workspaces, then its servers, locked until commit (FOR KEY SHARE). A server
+# deleted meanwhile is simply absent (its rows are skipped), and one cannot be deleted before
+# the batch commits (the delete then removes the rows too: delete_server_calls() in schema.sql).
+# This replaces a foreign key, whose per-row check cost more than the lock does once per batch.
+# The workspaces come first, in the order a workspace delete takes them (its row, then its
+# servers by cascade): latency_hourly's foreign key would otherwise take the workspace row at
+# the upsert, while a delete holding it waits for our servers, a deadlock.
+_LOCK_WORKSPACES = "SELECT FROM workspaces WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE"
 _LOCK_SERVERS = """
 SELECT id, workspace_id FROM servers WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE
 """
@@ -47,6 +51,8 @@ async def write_batch(
     were new (rows of deleted servers are skipped, and with `retry` rows already stored)."""
     async with conn.transaction():
         # Compared as UUID.int: hashing a stdlib UUID per row is slow.
+        workspaces = {r[1].int: r[1] for r in records}
+        await conn.execute(_LOCK_WORKSPACES, list(workspaces.values()))
         ids = {r[2].int: r[2] for r in records}
         locked = await conn.fetch(_LOCK_SERVERS, list(ids.values()))
         servers = {r[0].int: r[1].int for r in locked}
