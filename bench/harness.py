@@ -39,7 +39,7 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -170,11 +170,15 @@ async def _account(url: str) -> tuple[str, uuid.UUID]:
 
 # -- wrk ---------------------------------------------------------------------------------------
 
+# The headers of an MCP client's tools/call (the SDK clients send a User-Agent and, after the
+# handshake, the protocol version), plus the caller's API key and agent name.
 _WRK_SCRIPT = """
 local counter = 0
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Accept"] = "application/json, text/event-stream"
+wrk.headers["User-Agent"] = "mcp-bench/1.0"
+wrk.headers["MCP-Protocol-Version"] = "2025-06-18"
 local key = os.getenv("BENCH_API_KEY")
 if key and key ~= "" then wrk.headers["X-API-Key"] = key end
 wrk.headers["X-Caller-Agent"] = "wrk"

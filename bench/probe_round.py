@@ -197,7 +197,7 @@ def main() -> None:
             import pgserver
 
             pg_dir = tempfile.TemporaryDirectory(prefix="probe-bench-")
-            server = pgserver.get_server(Path(pg_dir.name), cleanup_mode="delete")  # type: ignore[attr-defined]
+            server = pgserver.get_server(Path(pg_dir.name), cleanup_mode="delete")
             admin_dsn = server.get_uri()
 
         async def run() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import (
     GATEWAY_CPU,
     OTHERS_CPU,
+    WrkResult,
     free_port,
     gateway,
     median_result,
@@ -99,6 +101,7 @@ def main() -> None:
     upstream_port, pass_port = free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
     results: dict[str, dict[int, dict[str, float]]] = {}
+    ratios: dict[int, dict[str, float]] = {}
     with (
         postgres() as dsn,
         process(
@@ -134,12 +137,18 @@ def main() -> None:
         logged_before = asyncio.run(gw.count_calls())
         gateway_requests = 0
         for c in connections:
-            for name, (url, key) in targets.items():
-                runs = [wrk(url, c, args.seconds, key) for _ in range(args.runs)]
-                results.setdefault(name, {})[c] = median_result(runs)
-                if name == "gateway":
-                    gateway_requests += sum(r.requests for r in runs)
-                print(f"{name:12} c={c:<3} {results[name][c]}", file=sys.stderr)
+            # Interleaved (straight, pass-through, gateway, straight, ...) rather than all runs
+            # of one target then the next: this VM's speed drifts by tens of percent within
+            # minutes, and the ratios compare runs made seconds apart.
+            runs: dict[str, list[WrkResult]] = {name: [] for name in targets}
+            for _ in range(args.runs):
+                for name, (url, key) in targets.items():
+                    runs[name].append(wrk(url, c, args.seconds, key))
+                    print(f"{name:12} c={c:<3} {runs[name][-1]}", file=sys.stderr)
+            for name, of_target in runs.items():
+                results.setdefault(name, {})[c] = median_result(of_target)
+            gateway_requests += sum(r.requests for r in runs["gateway"])
+            ratios[c] = paired_ratios(runs)
         # Every request wrk counted must be in the log (in-flight ones at the end of a run may
         # add a few more: wrk does not count responses after its deadline).
         expected_max = gateway_requests + sum(connections) * args.runs
@@ -150,7 +159,7 @@ def main() -> None:
             if logged >= gateway_requests:
                 break
             time.sleep(0.5)
-    report(results, connections)
+    report(results, ratios, connections)
     print(f"\ngateway requests answered: {gateway_requests}, tool calls logged: {logged}")
     ok = gateway_requests <= logged <= expected_max
     print("log check:", "OK, nothing dropped" if ok else "MISMATCH")
@@ -158,7 +167,22 @@ def main() -> None:
         raise SystemExit(1)
 
 
-def report(results: dict[str, dict[int, dict[str, float]]], connections: list[int]) -> None:
+def paired_ratios(runs: dict[str, list[WrkResult]]) -> dict[str, float]:
+    """Medians over the runs of the gateway against the other two targets' runs beside it."""
+    pairs = list(zip(runs["straight"], runs["passthrough"], runs["gateway"], strict=True))
+    return {
+        "vs_passthrough": statistics.median(g.rps / p.rps for _, p, g in pairs),
+        "vs_straight": statistics.median(g.rps / s.rps for s, _, g in pairs),
+        "p50_over_straight": statistics.median(g.p50_ms - s.p50_ms for s, _, g in pairs),
+        "p50_over_passthrough": statistics.median(g.p50_ms - p.p50_ms for _, p, g in pairs),
+    }
+
+
+def report(
+    results: dict[str, dict[int, dict[str, float]]],
+    ratios: dict[int, dict[str, float]],
+    connections: list[int],
+) -> None:
     print(f"\n{'target':12} {'c':>3} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
     for name, by_c in results.items():
         for c in connections:
@@ -167,14 +191,14 @@ def report(results: dict[str, dict[int, dict[str, float]]], connections: list[in
                 f"{name:12} {c:>3} {r['rps']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
                 f"{r['errors']:>6.0f}"
             )
-    print()
+    print("\nmedians of the ratios of runs made side by side:")
     for c in connections:
-        g, p, s = results["gateway"][c], results["passthrough"][c], results["straight"][c]
+        r = ratios[c]
         print(
-            f"c={c:<3} gateway/passthrough req/s = {g['rps'] / p['rps']:.2f}, "
-            f"gateway/straight = {g['rps'] / s['rps']:.2f}, "
-            f"p50 added over straight = {g['p50_ms'] - s['p50_ms']:+.2f} ms, "
-            f"over passthrough = {g['p50_ms'] - p['p50_ms']:+.2f} ms"
+            f"c={c:<3} gateway/passthrough req/s = {r['vs_passthrough']:.2f}, "
+            f"gateway/straight = {r['vs_straight']:.2f}, "
+            f"p50 added over straight = {r['p50_over_straight']:+.2f} ms, "
+            f"over passthrough = {r['p50_over_passthrough']:+.2f} ms"
         )
 
 

@@ -66,8 +66,17 @@ async def test_notifications_are_dispatched_by_table() -> None:
     keys: InvalidatedCache[str, int] = InvalidatedCache("keys")
     roles: InvalidatedCache[tuple[str, str], int] = InvalidatedCache("roles")
     dropped: list[str] = []
-    caches.register(keys, {"api_keys": lambda key: (dropped.append(key), keys.drop(key))})
-    caches.register(roles, {"memberships": lambda key: roles.drop(tuple(key.split(":")))})
+
+    def drop_key(key: str) -> None:
+        dropped.append(key)
+        keys.drop(key)
+
+    def drop_role(key: str) -> None:
+        workspace, user = key.split(":")
+        roles.drop((workspace, user))
+
+    caches.register(keys, {"api_keys": drop_key})
+    caches.register(roles, {"memberships": drop_role})
     caches.set_listening(True)
 
     async def one() -> int:

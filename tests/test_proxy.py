@@ -181,7 +181,7 @@ def sdk_stateless() -> Iterator[str]:
 
 def sdk_client(url: str, key: str, mode: str, **headers: str) -> Client:
     http = httpx2.AsyncClient(headers={"X-API-Key": key, **headers}, timeout=30)
-    return Client(streamable_http_client(url, http_client=http), mode=mode)  # type: ignore[arg-type]
+    return Client(streamable_http_client(url, http_client=http), mode=mode)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -221,6 +221,7 @@ async def test_sdk_session_alternates_between_two_gateways(
 ) -> None:
     first, second = await make_api(), await make_api()
     setup = await arrange(first, db, sdk_stateful)
+    assert first.client.port is not None and second.client.port is not None
     ports = itertools.cycle([first.client.port, second.client.port])
     used: list[int] = []
 

@@ -176,7 +176,7 @@ class FakeUpstream:
         if method == "initialize":
             session = uuid.uuid4().hex
             self.sessions.add(session)
-            result = {
+            result: dict[str, Any] = {
                 "protocolVersion": self.protocol_version,
                 "capabilities": {"tools": {"listChanged": False}},
                 "serverInfo": {"name": "fake-upstream", "version": "1"},
@@ -185,10 +185,10 @@ class FakeUpstream:
                 request, {"jsonrpc": "2.0", "id": rid, "result": result}, session
             )
         # Like a pre-2026 stateful SDK server: this is also how server/discover gets refused.
-        session = request.headers.get("Mcp-Session-Id")
-        if session is None:
+        session_id = request.headers.get("Mcp-Session-Id")
+        if session_id is None:
             return _rpc_error_response(None, -32600, "Bad Request: Missing session ID", 400)
-        if session not in self.sessions or (self.expire_sessions and rid is not None):
+        if session_id not in self.sessions or (self.expire_sessions and rid is not None):
             return _rpc_error_response(None, -32600, "Session not found", 404)
         if rid is None:
             return web.Response(status=202)

@@ -17,7 +17,7 @@ def start_embedded(data_dir: Path) -> str:
 
     pg_dir = data_dir / "postgres"
     pg_dir.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(pg_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
+    server = pgserver.get_server(pg_dir, cleanup_mode="stop")
     dsn: str = server.get_uri()
     log.info("embedded PostgreSQL running under %s", pg_dir)
     return dsn

@@ -10,9 +10,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.api import auth as auth_api
 from gateway.app import create_app
 from gateway.config import Settings
+from gateway.db import users as users_db
 from tests.conftest import AppFactory
 from tests.support import Api
 
@@ -96,7 +96,7 @@ async def test_unexpected_errors_are_500_and_database_outages_503_without_intern
     async def broken(*args: Any) -> None:
         raise RuntimeError("secret internal state")
 
-    monkeypatch.setattr(auth_api.users_db, "by_email", broken)
+    monkeypatch.setattr(users_db, "by_email", broken)
     with caplog.at_level(logging.ERROR, logger="gateway.errors"):
         status, _, body = await login()
     assert status == 500
@@ -107,7 +107,7 @@ async def test_unexpected_errors_are_500_and_database_outages_503_without_intern
     async def down(*args: Any) -> None:
         raise ConnectionRefusedError("connection refused")
 
-    monkeypatch.setattr(auth_api.users_db, "by_email", down)
+    monkeypatch.setattr(users_db, "by_email", down)
     status, headers, body = await login()
     assert status == 503
     assert headers["Retry-After"] == "1"

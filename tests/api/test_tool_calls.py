@@ -186,6 +186,22 @@ def iso(moment: datetime) -> str:
 Check = Callable[[dict[str, Any]], bool]
 
 
+def equals(field: str, value: Any) -> Check:
+    return lambda call: call.get(field) == value
+
+
+def tool_name_contains(needle: str) -> Check:
+    return lambda call: needle.lower() in call["tool_name"].lower()
+
+
+def not_before(moment: datetime) -> Check:
+    return lambda call: datetime.fromisoformat(call["created_at"]) >= moment
+
+
+def not_after(moment: datetime) -> Check:
+    return lambda call: datetime.fromisoformat(call["created_at"]) <= moment
+
+
 def add_filters(
     rng: random.Random, params: dict[str, Any], conditions: list[Check], servers: list[str]
 ) -> None:
@@ -193,15 +209,14 @@ def add_filters(
     the conditions a matching call meets."""
     if rng.random() < 0.4:
         params["status"] = rng.choice(["success", "error"])
-        conditions.append(lambda c, s=params["status"]: c["status"] == s)
+        conditions.append(equals("status", params["status"]))
     if rng.random() < 0.4:
         needle = rng.choice(["alpha", "BET", "a"])
         params["tool_name"] = needle
-        lowered = needle.lower()
-        conditions.append(lambda c, t=lowered: t in c["tool_name"].lower())
+        conditions.append(tool_name_contains(needle))
     if rng.random() < 0.4:
         params["server_id"] = rng.choice(servers)
-        conditions.append(lambda c, s=params["server_id"]: c["server_id"] == s)
+        conditions.append(equals("server_id", params["server_id"]))
 
 
 async def assert_total(
@@ -232,21 +247,21 @@ async def test_total_is_exact_over_hours(api: Api, db: asyncpg.Connection) -> No
     await api.post("/tool-calls", json=body, auth=key, expect=201)
     for _ in range(25):
         params: dict[str, Any] = {"limit": 1}
-        conditions = []
+        conditions: list[Check] = []
         if rng.random() < 0.7:
             start = base + timedelta(seconds=rng.randrange(-600, 6 * 3600))
             params["start"] = iso(start)
-            conditions.append(lambda c, s=start: datetime.fromisoformat(c["created_at"]) >= s)
+            conditions.append(not_before(start))
         if rng.random() < 0.7:
             end = base + timedelta(seconds=rng.randrange(0, 7 * 3600))
             if "start" in params and end < datetime.fromisoformat(params["start"]):
                 end = datetime.fromisoformat(params["start"]) + timedelta(minutes=30)
             params["end"] = iso(end)
-            conditions.append(lambda c, e=end: datetime.fromisoformat(c["created_at"]) <= e)
+            conditions.append(not_after(end))
         add_filters(rng, params, conditions, [server_id, other_server])
         if rng.random() < 0.2:
             params["caller_agent"] = "x"
-            conditions.append(lambda c: c.get("caller_agent") == "x")
+            conditions.append(equals("caller_agent", "x"))
         await assert_total(api, key, body, params, conditions)
 
 
@@ -291,16 +306,16 @@ async def test_caller_agent_totals_are_exact(api: Api, db: asyncpg.Connection) -
     for i in range(40):
         caller = rng.choice([*callers, "nobody"])
         params: dict[str, Any] = {"limit": 1, "caller_agent": caller}
-        conditions = [lambda c, a=caller: c["caller_agent"] == a]
+        conditions = [equals("caller_agent", caller)]
         if i % 2 or rng.random() < 0.5:  # never on a whole hour, mostly
             start = base + timedelta(seconds=rng.randrange(-600, 8 * 3600))
             params["start"] = iso(start)
-            conditions.append(lambda c, s=start: datetime.fromisoformat(c["created_at"]) >= s)
+            conditions.append(not_before(start))
         if i % 3 == 0 or rng.random() < 0.5:
             low = datetime.fromisoformat(params.get("start", iso(base)))
             end = low + timedelta(seconds=rng.randrange(0, 9 * 3600))
             params["end"] = iso(end)
-            conditions.append(lambda c, e=end: datetime.fromisoformat(c["created_at"]) <= e)
+            conditions.append(not_after(end))
         add_filters(rng, params, conditions, [server_id, other_server])
         await assert_total(api, key, body, params, conditions)
 

@@ -95,7 +95,8 @@ async def test_the_first_schema_with_data_migrates_to_what_schema_sql_makes(
             # the old one gets the same calls and the rollup it had then, tool_call_hourly.
             assert await tool_calls.write_batch(db, calls) == len(calls)
             for table in ("tool_calls", "tool_call_hourly"):
-                await old.copy_records_to_table(table, records=await db.fetch(f"TABLE {table}"))
+                rows = [tuple(row) for row in await db.fetch(f"TABLE {table}")]
+                await old.copy_records_to_table(table, records=rows)
 
             assert await apply_schema(old) == max(number for number, _ in migrations())
 
