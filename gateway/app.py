@@ -15,6 +15,7 @@ from gateway.api import alerts as alerts_api
 from gateway.api import analytics as analytics_api
 from gateway.api import auth as auth_api
 from gateway.api import health as health_api
+from gateway.api import metrics as metrics_api
 from gateway.api import openapi
 from gateway.api import servers as servers_api
 from gateway.api import tool_calls as tool_calls_api
@@ -71,6 +72,7 @@ API_MODULES = (
     health_api.routes,
     analytics_api.routes,
     alerts_api.routes,
+    metrics_api.routes,
 )
 
 

@@ -69,7 +69,8 @@ class CallLogStats:
     written: int = 0
     # Rows not stored because their server was deleted before the flush (or already stored).
     skipped: int = 0
-    # Rows lost because the queue was full (database unavailable for long).
+    # Rows lost because the queue was full (database unavailable for long), or still unwritten
+    # when shutdown gave up waiting for the database.
     dropped: int = 0
     # Rows PostgreSQL refused one by one (bad data); logged.
     rejected: int = 0
@@ -156,6 +157,8 @@ class CallLog:
         self._hurry = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        # The writer is gone (close() returned): anything added now is dropped and counted.
+        self._closed = False
         self.stats = CallLogStats()
         self._last_drop_warning = 0.0
 
@@ -166,7 +169,7 @@ class CallLog:
 
     def add(self, call: ToolCall) -> None:
         """Queue one call; never waits. When the queue is full the call is dropped and counted."""
-        if len(self._rows) + self._held >= self.max_rows:
+        if len(self._rows) + self._held >= self.max_rows or self._closed:
             self._drop(1)
             return
         self._rows.append(call)
@@ -203,7 +206,7 @@ class CallLog:
         if now - self._last_drop_warning >= 10.0:
             self._last_drop_warning = now
             log.warning(
-                "tool call log full (%d rows pending): dropped %d calls so far",
+                "tool call log full or closed (%d rows pending): dropped %d calls so far",
                 len(self),
                 self.stats.dropped,
             )
@@ -230,7 +233,9 @@ class CallLog:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 lost = len(self)
                 self._fail_waiters(ServiceUnavailable("the gateway shut down before storing"))
+                self.stats.dropped += lost
                 log.error("shutting down with %d tool calls not written (database down)", lost)
+        self._closed = True
 
     # -- the writer task -------------------------------------------------------------------
 
@@ -392,8 +397,10 @@ class CallLog:
                     future.set_result(None)
 
     def _fail_waiters(self, exc: Exception) -> None:
+        """Give up on everything still queued (shutdown with the database down)."""
         retry_waiters = [waiter for retry in self._retries for waiter in retry.waiters]
         for _, _, future in [*self._waiters, *retry_waiters]:
             if not future.done():
                 future.set_exception(exc)
-        self._waiters, self._retries = [], []
+        self._held -= sum(len(retry.batch) for retry in self._retries)
+        self._rows, self._waiters, self._retries = [], [], []

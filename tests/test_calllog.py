@@ -352,8 +352,11 @@ async def test_a_batch_that_keeps_failing_backs_off_on_its_own(
         await asyncio.wait_for(log.write([record(workspace, server)]), 10)
         written += 1
     assert delays()[:4] == ["0.05", "0.10", "0.20", "0.40"]
-    await log.close(drain_seconds=0.2)  # the failing batch is given up at shutdown
+    await log.close(drain_seconds=0.2)  # the failing batch is given up at shutdown...
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == written
+    assert len(log) == 0 and log.stats.dropped == 1  # ...and counted as dropped
+    log.add(record(workspace, server))  # so is a call arriving after shutdown
+    assert len(log) == 0 and log.stats.dropped == 2
 
 
 async def test_shutdown_fails_the_writes_it_gives_up_on(
@@ -373,6 +376,57 @@ async def test_shutdown_fails_the_writes_it_gives_up_on(
         await asyncio.wait_for(writing, 5)
     assert len(log) == 0
     await transaction.rollback()
+
+
+class _NeverWrites(CallLog):
+    """Its batches never get anywhere, and have no cleanup of their own: like a writer task
+    cancelled before it first ran."""
+
+    async def _write_batch(self, *args: Any) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_shutdown_fails_the_writes_of_batches_that_never_ran(
+    pool: asyncpg.Pool, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, _) = servers
+    log = _NeverWrites(pool)
+    log.start()
+    writing = asyncio.create_task(log.write([record(workspace, server)]))
+    await asyncio.sleep(0.1)
+    await log.close(drain_seconds=0.1)
+    with pytest.raises(ServiceUnavailable):
+        await asyncio.wait_for(writing, 5)
+    assert len(log) == 0
+
+
+async def test_batches_queue_behind_a_rebuild_with_their_statements_prepared(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    """A batch's rollup upsert, once prepared on its connection, would lock latency_hourly (its
+    main INSERT) before the other rollup tables; a rebuild locks them in TABLES order. Batches
+    lock the tables in that order first, so one arriving while a rebuild waits queues behind
+    it instead of deadlocking with it."""
+    workspace, (server, other) = servers
+    async with pool.acquire() as holder, pool.acquire() as rebuilder, pool.acquire() as writer:
+        for _ in range(6):  # statements prepared and their plans cached on this connection
+            await tool_calls_db.write_batch(writer, [record(workspace, server)])
+        # A batch in flight holds tool_call_hourly: the rebuild waits for it.
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("LOCK TABLE tool_call_hourly IN ROW EXCLUSIVE MODE")
+        rebuilding = asyncio.create_task(rollups.rebuild(rebuilder))
+        await waiting_for_a_lock(db, rebuilder)
+        writing = asyncio.create_task(tool_calls_db.write_batch(writer, [record(workspace, other)]))
+        await waiting_for_a_lock(db, writer)
+        await held.rollback()
+        await rebuilding
+        assert await writing == 1
+    written = await snapshot(db)
+    assert sum(r["call_count"] for r in written["tool_call_hourly"]) == 7
+    async with pool.acquire() as conn:
+        await rollups.rebuild(conn)
+    assert await snapshot(db) == written
 
 
 async def test_the_queue_is_bounded(

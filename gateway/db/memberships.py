@@ -39,7 +39,9 @@ ORDER BY m.joined_at, u.email
 
 # Both guarded statements refuse to leave a workspace without an owner; the row lock on the
 # workspace serialises concurrent demotions so two owners cannot demote each other at once.
-_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR UPDATE"
+# NO KEY: a call log batch or a rollup rebuild holding the workspace (FOR KEY SHARE) does not
+# hold up a role change.
+_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
 _OTHER_OWNERS = """
 SELECT count(*) FROM memberships WHERE workspace_id = $1 AND role = 'owner' AND user_id <> $2
 """

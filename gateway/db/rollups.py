@@ -133,7 +133,10 @@ def roll_up(where: str) -> str:
 # A batch's rollups, aggregated by the writer (add_batch()): a few rows per tool and hour rather
 # than one per call, so PostgreSQL upserts those instead of reading the batch back. Histograms
 # travel as array literals ('{0,2,1}') because a ragged integer[][] cannot. Keys are upserted in
-# the same order as roll_up() does, so writers and a rebuild never deadlock each other.
+# the same order as roll_up() does, so concurrent writers never deadlock each other. The tables
+# are locked first, in the order of a rebuild's LOCK TABLE (TABLES): a prepared statement would
+# otherwise lock latency_hourly (the main INSERT) before the others and deadlock with a rebuild.
+_LOCK_FOR_BATCH = f"LOCK TABLE {', '.join(TABLES)} IN ROW EXCLUSIVE MODE"
 _ADD_BATCH = """
 WITH per_tool AS (
     INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, call_count,
@@ -237,6 +240,7 @@ async def add_batch(conn: Connection, records: Sequence[tuple[Any, ...]]) -> Non
         (_uuid(scope), _uuid(ws), _hour(hour), _literal(histogram))
         for (scope, ws, hour), histogram in per_scope.items()
     ]
+    await conn.execute(_LOCK_FOR_BATCH)
     await conn.execute(_ADD_BATCH, *_columns(tools, 9), *_columns(callers, 7), *_columns(scopes, 4))
 
 
@@ -252,9 +256,11 @@ def _hour(hours_since_epoch: int) -> datetime:
 # A rebuild first locks its workspaces, then their servers (FOR KEY SHARE, as a call log batch
 # does), in the order in which a delete takes them: a workspace or server delete then waits for
 # the rebuild instead of holding a row the rebuild's inserts need (their foreign keys) while it
-# waits for the tables the rebuild holds, a deadlock. Only a server created during the rebuild,
-# given calls and deleted before the rebuild ends could still deadlock; PostgreSQL then fails
-# one of the two and it can simply be run again.
+# waits for the tables the rebuild holds, a deadlock. Two cases could still deadlock (PostgreSQL
+# then fails one of the two, and it can simply be run again): a server created during the
+# rebuild, given calls and deleted before the rebuild ends; and, for a one-workspace rebuild,
+# imported rows naming a server of another workspace that is deleted meanwhile. Renaming a
+# workspace or server (a key: unique indexes) waits for the rebuild too.
 _LOCK_ROWS = {
     "": (
         "SELECT FROM workspaces ORDER BY id FOR KEY SHARE",

@@ -70,7 +70,7 @@ _LIST_SEARCH = " AND (name ILIKE ${n} OR description ILIKE ${n} OR url ILIKE ${n
 _LIST_ORDER = " ORDER BY name"
 
 _LOCK_AUTH_TYPE = """
-SELECT auth_type FROM servers WHERE id = $1 AND workspace_id = $2 FOR UPDATE
+SELECT auth_type FROM servers WHERE id = $1 AND workspace_id = $2 FOR NO KEY UPDATE
 """
 
 _UPDATE = f"""
@@ -94,14 +94,15 @@ _DELETE = "DELETE FROM servers WHERE id = $1 AND workspace_id = $2 RETURNING id"
 
 # Claiming pushes next_probe_at one interval (plus up to 10% jitter, so servers registered
 # together drift apart) into the future in the same statement that picks the rows; SKIP LOCKED
-# lets another gateway process claim other due servers meanwhile instead of waiting.
+# lets another gateway process claim other due servers meanwhile instead of waiting. NO KEY:
+# servers held by call log batches or a rollup rebuild (FOR KEY SHARE) are still claimed.
 _CLAIM_DUE = """
 UPDATE servers s
 SET next_probe_at = now() + make_interval(secs => $2::float8 * (1 + 0.1 * random()))
 FROM (
     SELECT id FROM servers WHERE next_probe_at <= now()
     ORDER BY next_probe_at LIMIT $1
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ) due
 WHERE s.id = due.id
 RETURNING s.id, s.workspace_id, s.name, s.url, s.auth_type, s.credentials
