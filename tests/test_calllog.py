@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import secrets
@@ -58,6 +59,14 @@ async def servers(db: asyncpg.Connection) -> tuple[uuid.UUID, list[uuid.UUID]]:
         for name in ("one", "two")
     ]
     return workspace, ids
+
+
+@contextlib.asynccontextmanager
+async def server_held(db: asyncpg.Connection, server: uuid.UUID) -> AsyncIterator[None]:
+    """Another transaction holds the server's row: a batch naming it waits until the block ends."""
+    async with db.transaction():
+        await db.execute("SELECT 1 FROM servers WHERE id = $1 FOR UPDATE", server)
+        yield
 
 
 def record(
@@ -365,17 +374,13 @@ async def test_shutdown_fails_the_writes_it_gives_up_on(
     workspace, (server, _) = servers
     log = CallLog(pool)
     log.start()
-    # Another transaction holds the server, so its batch cannot be written before shutdown.
-    transaction = db.transaction()
-    await transaction.start()
-    await db.execute("SELECT 1 FROM servers WHERE id = $1 FOR UPDATE", server)
-    writing = asyncio.create_task(log.write([record(workspace, server)]))
-    await asyncio.sleep(0.2)
-    await log.close(drain_seconds=0.2)
-    with pytest.raises(ServiceUnavailable):
-        await asyncio.wait_for(writing, 5)
-    assert len(log) == 0
-    await transaction.rollback()
+    async with server_held(db, server):  # its batch cannot be written before shutdown
+        writing = asyncio.create_task(log.write([record(workspace, server)]))
+        await asyncio.sleep(0.2)
+        await log.close(drain_seconds=0.2)
+        with pytest.raises(ServiceUnavailable):
+            await asyncio.wait_for(writing, 5)
+        assert len(log) == 0
 
 
 class _NeverWrites(CallLog):
@@ -574,16 +579,12 @@ async def test_a_stuck_batch_does_not_hold_back_the_next(
     workspace, (server, other) = servers
     log = CallLog(pool)
     log.start()
-    # Another transaction holds the first server: its batch waits for it...
-    transaction = db.transaction()
-    await transaction.start()
-    await db.execute("SELECT 1 FROM servers WHERE id = $1 FOR UPDATE", server)
-    stuck = asyncio.create_task(log.write([record(workspace, server)]))
-    await asyncio.sleep(0.2)
-    # ...while a batch for the other server is written beside it.
-    await asyncio.wait_for(log.write([record(workspace, other)]), 10)
-    assert not stuck.done()
-    await transaction.rollback()
+    async with server_held(db, server):  # the first server's batch waits for it...
+        stuck = asyncio.create_task(log.write([record(workspace, server)]))
+        await asyncio.sleep(0.2)
+        # ...while a batch for the other server is written beside it.
+        await asyncio.wait_for(log.write([record(workspace, other)]), 10)
+        assert not stuck.done()
     await stuck
     await log.close()
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == 2
