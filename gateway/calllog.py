@@ -3,7 +3,9 @@
 CallLog.add() (the proxy) appends to a list and returns: it never awaits I/O. A background task
 takes a batch every FLUSH_SECONDS, or as soon as BATCH_ROWS rows wait, and writes it in one
 transaction: COPY into tool_calls plus the batch's rollups (gateway/db/tool_calls.py). Up to
-WRITERS batches are written at once, each on its own connection. A batch that fails is retried
+WRITERS batches are written at once, each on its own connection, a second one only when someone
+waits for a commit or a full batch is ready; the proxy's calls otherwise gather while a batch is
+in flight. A batch that fails is retried
 after a backoff of its own (doubling up to a bound), and while the database is unreachable all
 writing pauses for it; records carry their ids from the start and a retry skips ids already
 stored, so an ambiguous commit never duplicates. The queue is bounded (max_rows, counting
@@ -172,11 +174,15 @@ class CallLog:
         if len(self._rows) + self._held >= self.max_rows or self._closed:
             self._drop(1)
             return
-        self._rows.append(call)
-        if not self._wakeup.is_set():
+        rows = self._rows
+        rows.append(call)
+        # The writer sleeps only while nothing is queued, or while a batch is in flight and the
+        # next is still gathering: it needs waking for the first row and for a full batch only.
+        if len(rows) == 1:
             self._wakeup.set()
-        if len(self._rows) >= self._batch_rows:
+        elif len(rows) >= self._batch_rows:
             self._hurry.set()
+            self._wakeup.set()
 
     async def write(self, calls: Sequence[ToolCall]) -> None:
         """Queue calls and return once they are committed (POST /tool-calls).
@@ -247,12 +253,17 @@ class CallLog:
                 await asyncio.sleep(self._resume_at - now)
                 continue
             due = next((r for r in self._retries if r.due <= now), None)
-            if len(self._writing) >= self._writers or (due is None and not self._rows):
+            busy = len(self._writing)
+            if (
+                busy >= self._writers
+                or (due is None and not self._rows)
+                or (busy and not self._parallel_batch_pays(due))
+            ):
                 if self._closing and not self._writing and not self._retries and not self._rows:
                     return
                 # Until a write ends or rows come (the wakeup), or the next retry is due.
                 next_due = min((r.due for r in self._retries), default=None)
-                full = len(self._writing) >= self._writers
+                full = busy >= self._writers
                 self._wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
@@ -276,6 +287,18 @@ class CallLog:
             )
             self._writing[task] = (batch, waiters)
             task.add_done_callback(self._written)
+
+    def _parallel_batch_pays(self, due: _Retry | None) -> bool:
+        """Whether to start a batch while another is in flight: when someone waits for a commit
+        (write()), a full batch is ready, a retry is due or shutdown drains. The proxy's stream
+        of add()s is gathered by the batch in flight instead: each batch costs several round
+        trips, whatever its size, so fewer, larger batches leave the hot path more CPU."""
+        return (
+            bool(self._waiters)
+            or len(self._rows) >= self._batch_rows
+            or due is not None
+            or self._closing
+        )
 
     def _written(self, task: asyncio.Task[None]) -> None:
         batch, waiters = self._writing.pop(task)

@@ -222,6 +222,13 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
             _record(request, upstream, tools, outcome, started)
 
 
+@functools.lru_cache(maxsize=256)  # aiohttp parses Content-Type afresh for every response
+def _is_event_stream(content_type: str | None) -> bool:
+    if content_type is None:
+        return False
+    return content_type.partition(";")[0].strip().lower() == "text/event-stream"
+
+
 @functools.cache
 def _timeout(seconds: float, is_get: bool) -> aiohttp.ClientTimeout:
     # Silence is bounded, not length: a stream may send for as long as it likes. A GET stream
@@ -262,7 +269,7 @@ async def _exchange(
             value = reply.headers.get(name)
             if value is not None:
                 headers[name] = value
-        is_stream = reply.content_type == "text/event-stream"
+        is_stream = _is_event_stream(reply.headers.get("Content-Type"))
         length = reply.content_length
         if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
             return await _buffered(reply, headers, outcome, timeout_seconds)

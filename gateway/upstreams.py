@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from gateway.caches import Caches, InvalidatedCache
+from gateway.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import servers as servers_db
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SecretBox
@@ -38,7 +38,9 @@ class Upstreams:
 
     async def get(self, server_id: uuid.UUID, workspace_id: uuid.UUID) -> Upstream | None:
         """The server, or None when it does not exist or belongs to another workspace."""
-        upstream = await self._cache.get(server_id, lambda: self._load(server_id))
+        upstream = self._cache.peek(server_id)  # the proxy's every call: no coroutine on a hit
+        if upstream is MISSING:
+            upstream = await self._cache.get(server_id, lambda: self._load(server_id))
         if upstream is None or upstream.workspace_id != workspace_id:
             return None
         return upstream

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.caches import Caches, InvalidatedCache
+from gateway.caches import MISSING, Caches, InvalidatedCache
 from gateway.keys import AUTHENTICATOR
 from tests.conftest import AppFactory
 from tests.support import Api, Reply
@@ -36,6 +36,30 @@ async def test_nothing_is_cached_until_invalidations_can_be_heard() -> None:
     assert await cache.get("a", load("a")) == 3  # cached
     cache.drop("a")
     assert await cache.get("a", load("a")) == 4
+
+
+async def test_entries_expire_after_the_ttl() -> None:
+    loads: dict[str, int] = {}
+    load = counting_loader(loads)
+    cache: InvalidatedCache[str, int] = InvalidatedCache("test", ttl=0.05)
+    cache.enabled = True
+    assert await cache.get("a", load("a")) == 1
+    assert await cache.get("a", load("a")) == 1
+    await asyncio.sleep(0.1)
+    assert cache.peek("a") is MISSING
+    assert await cache.get("a", load("a")) == 2
+
+
+async def test_a_full_cache_makes_room_by_dropping_its_oldest_entry() -> None:
+    loads: dict[str, int] = {}
+    load = counting_loader(loads)
+    cache: InvalidatedCache[str, int] = InvalidatedCache("test", maxsize=2)
+    cache.enabled = True
+    for key in ("a", "b", "c"):
+        await cache.get(key, load(key))
+    assert len(cache) == 2
+    assert cache.peek("a") is MISSING
+    assert (cache.peek("b"), cache.peek("c")) == (1, 1)
 
 
 async def test_a_load_that_raced_with_an_invalidation_is_not_stored() -> None:

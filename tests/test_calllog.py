@@ -588,3 +588,22 @@ async def test_a_stuck_batch_does_not_hold_back_the_next(
     await stuck
     await log.close()
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == 2
+
+
+async def test_proxied_calls_gather_behind_the_batch_in_flight(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, other) = servers
+    log = CallLog(pool)
+    log.start()
+    async with server_held(db, server):
+        log.add(record(workspace, server))  # its batch waits for the held server...
+        await asyncio.sleep(0.2)
+        for _ in range(3):  # ...and these, which nobody waits on, wait for that batch to end
+            log.add(record(workspace, other))
+        await asyncio.sleep(0.3)
+        assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
+        assert log.stats.batches == 0
+    await log.close()
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 4
+    assert log.stats.batches == 2  # the held one, then the three gathered behind it

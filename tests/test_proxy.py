@@ -292,13 +292,16 @@ async def test_mcp_inspector_cli(api: Api, db: asyncpg.Connection, sdk_stateful:
 # -- streaming ---------------------------------------------------------------------------------
 
 
-async def test_sse_streams_event_by_event(api: Api, db: asyncpg.Connection) -> None:
+@pytest.mark.parametrize("content_type", ["text/event-stream", "Text/Event-Stream; charset=utf-8"])
+async def test_sse_streams_event_by_event(
+    api: Api, db: asyncpg.Connection, content_type: str
+) -> None:
     first_seen = asyncio.Event()
     second_sent = False
 
     async def two_events(request: web.Request) -> web.StreamResponse:
         nonlocal second_sent
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response = web.StreamResponse(headers={"Content-Type": content_type})
         await response.prepare(request)
         await response.write(b'event: message\ndata: {"jsonrpc":"2.0","method":"progress"}\n\n')
         # Event 2 only once the client has event 1: a buffering proxy would never get here.
@@ -316,7 +319,7 @@ async def test_sse_streams_event_by_event(api: Api, db: asyncpg.Connection) -> N
             headers={"X-API-Key": setup.key, "Accept": ACCEPT},
         ) as response:
             assert response.status == 200
-            assert response.headers["Content-Type"] == "text/event-stream"
+            assert response.headers["Content-Type"] == content_type
             assert response.headers["X-Accel-Buffering"] == "no"
             received = b""
             while b"progress" not in received:
