@@ -52,14 +52,16 @@ def pinned(cpu: str, args: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def process(args: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[int]:
+def process(
+    args: list[str], port: int, env: dict[str, str] | None = None, startup_seconds: float = 60
+) -> Iterator[int]:
     """Run a server process until the block ends; stopped by its own PID (SIGTERM, then kill)."""
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen(
         args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=ROOT
     )
     try:
-        wait_for_port(port, proc)
+        wait_for_port(port, proc, startup_seconds)
         yield proc.pid
     except BaseException:
         log.seek(0)
@@ -103,6 +105,7 @@ class Gateway:
     key: str
     workspace_id: uuid.UUID
     fernet_key: str
+    pid: int
 
     async def add_server(self, upstream_url: str) -> uuid.UUID:
         conn = await asyncpg.connect(self.dsn)
@@ -127,9 +130,15 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def gateway(dsn: str, settings: dict[str, str] | None = None) -> Iterator[Gateway]:
+def gateway(
+    dsn: str,
+    settings: dict[str, str] | None = None,
+    wrapper: list[str] | None = None,
+    startup_seconds: float = 60,
+) -> Iterator[Gateway]:
     """`mcp-gateway serve` (one process, uvloop) pinned to its own CPU, with a user and API key.
-    `settings`: more environment variables for it (e.g. GATEWAY_ANALYTICS_CACHE_SECONDS)."""
+    `settings`: more environment variables for it (e.g. GATEWAY_ANALYTICS_CACHE_SECONDS);
+    `wrapper`: a command it runs under (e.g. valgrind)."""
     port = free_port()
     fernet_key = Fernet.generate_key().decode()
     env = {
@@ -139,11 +148,12 @@ def gateway(dsn: str, settings: dict[str, str] | None = None) -> Iterator[Gatewa
         "GATEWAY_AUTH_RATE_LIMIT": "100000/minute",
         **(settings or {}),
     }
-    args = pinned(GATEWAY_CPU, [sys.executable, "-m", "gateway", "serve", "--port", str(port)])
-    with process(args, port, env):
+    serve = [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
+    args = pinned(GATEWAY_CPU, [*(wrapper or []), *serve])
+    with process(args, port, env, startup_seconds) as pid:
         url = f"http://127.0.0.1:{port}"
         key, workspace_id = asyncio.run(_account(url))
-        yield Gateway(url, dsn, key, workspace_id, fernet_key)
+        yield Gateway(url, dsn, key, workspace_id, fernet_key, pid)
 
 
 async def _account(url: str) -> tuple[str, uuid.UUID]:
