@@ -292,7 +292,8 @@ class CallLog:
         """Whether to start a batch while another is in flight: when someone waits for a commit
         (write()), a full batch is ready, a retry is due or shutdown drains. The proxy's stream
         of add()s is gathered by the batch in flight instead: each batch costs several round
-        trips, whatever its size, so fewer, larger batches leave the hot path more CPU."""
+        trips, whatever its size, so fewer, larger batches leave the hot path more CPU. A batch
+        stuck on a lock thus holds back at most one full batch of proxied calls."""
         return (
             bool(self._waiters)
             or len(self._rows) >= self._batch_rows

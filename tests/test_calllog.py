@@ -607,3 +607,22 @@ async def test_proxied_calls_gather_behind_the_batch_in_flight(
     await log.close()
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == 4
     assert log.stats.batches == 2  # the held one, then the three gathered behind it
+
+
+async def test_a_full_batch_is_written_beside_a_stuck_one(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, other) = servers
+    log = CallLog(pool, batch_rows=3)
+    log.start()
+    async with server_held(db, server):
+        log.add(record(workspace, server))
+        await asyncio.sleep(0.2)
+        for _ in range(3):
+            log.add(record(workspace, other))
+        deadline = time.monotonic() + 10
+        while await db.fetchval("SELECT count(*) FROM tool_calls") < 3:
+            assert time.monotonic() < deadline, "the full batch waited for the stuck one"
+            await asyncio.sleep(0.05)
+    await log.close()
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 4
