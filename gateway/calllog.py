@@ -5,14 +5,14 @@ takes a batch every FLUSH_SECONDS, or as soon as BATCH_ROWS rows wait, and write
 transaction: COPY into tool_calls plus the batch's rollups (gateway/db/tool_calls.py). Up to
 WRITERS batches are written at once, each on its own connection, a second one only when someone
 waits for a commit or a full batch is ready; the proxy's calls otherwise gather while a batch is
-in flight. A batch that fails is retried
-after a backoff of its own (doubling up to a bound), and while the database is unreachable all
-writing pauses for it; records carry their ids from the start and a retry skips ids already
-stored, so an ambiguous commit never duplicates. The queue is bounded (max_rows, counting
-batches being written or waiting for a retry): past the bound, add() drops the new record and
-counts it (stats.dropped, and a warning at most every 10 s), and write() (POST /tool-calls,
-which answers only after its rows are committed) refuses with 503, so nothing acknowledged is
-dropped. On shutdown the queue drains before the pool closes.
+in flight. A batch that fails is retried after a backoff of its own (doubling up to a bound),
+and while the database is unreachable all writing pauses for it; records carry their ids from
+the start and a retry skips ids already stored, so an ambiguous commit never duplicates. The
+queue is bounded (max_rows, counting batches being written or waiting for a retry): past the
+bound, add() drops the new record and counts it (stats.dropped, and a warning at most every
+10 s), and write() (POST /tool-calls, which answers only after its rows are committed) refuses
+with 503, so nothing acknowledged is dropped. On shutdown the queue drains before the pool
+closes.
 """
 
 from __future__ import annotations
