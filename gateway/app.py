@@ -165,6 +165,6 @@ def create_app(settings: Settings) -> web.Application:
     app[ENDPOINTS] = endpoints
     app[OPENAPI_DOCUMENT] = openapi.build_document(endpoints, service_version())
     openapi.add_docs_static(app)
-    proxy.setup_cors(app)
+    proxy.setup_response_headers(app)
     app.cleanup_ctx.extend([_database, _call_log, _http_client, _shared_cache, _background_tasks])
     return app

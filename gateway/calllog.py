@@ -25,12 +25,12 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import asyncpg
 
 from gateway.db import tool_calls as tool_calls_db
-from gateway.errors import DATABASE_DOWN, ServiceUnavailable
+from gateway.errors import DATABASE_DOWN, ServiceUnavailable, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,28 @@ class ToolCall(NamedTuple):
     created_at: datetime
 
 
+@overload
+def clean_text(value: str) -> str: ...
+@overload
+def clean_text(value: None) -> None: ...
+@overload
+def clean_text(value: str | None) -> str | None: ...
 def clean_text(value: str | None) -> str | None:
-    """PostgreSQL text cannot hold NUL; one such byte would otherwise fail a whole batch."""
-    if value is None or "\x00" not in value:
-        return value
-    return value.replace("\x00", "")
+    """Text as PostgreSQL can store it, so one row never fails a whole batch: without NUL, and
+    valid UTF-8 (aiohttp hands over undecodable header bytes as lone surrogates, which cannot
+    be encoded; they become U+FFFD)."""
+    if value is None:
+        return None
+    if not value.isascii():  # a flag in CPython: free for the usual ASCII header or name
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            try:  # the bytes aiohttp could not decode, then each bad byte as U+FFFD
+                raw = value.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # other lone surrogates (from a JSON \ud800 escape)
+                raw = value.encode("utf-8", "surrogatepass")
+            value = raw.decode("utf-8", "replace")
+    return value.replace("\x00", "") if "\x00" in value else value
 
 
 # -- the writer --------------------------------------------------------------------------------
@@ -74,7 +91,8 @@ class CallLogStats:
     # Rows lost because the queue was full (database unavailable for long), or still unwritten
     # when shutdown gave up waiting for the database.
     dropped: int = 0
-    # Rows PostgreSQL refused one by one (bad data); logged.
+    # Rows set aside because PostgreSQL refused them even in a part of their own (bad data);
+    # each logged once.
     rejected: int = 0
     batches: int = 0
     failures: int = 0
@@ -88,9 +106,35 @@ def _report_death(task: asyncio.Task[None]) -> None:
 # The rows of one write() as [start, end) in its batch, and the future its caller awaits.
 _Waiter = tuple[int, int, "asyncio.Future[None]"]
 
+_REFUSED = "body: PostgreSQL refused these tool calls; none of them was stored"
 
-class RowsRejected(Exception):
-    """Some rows of a write() could not be stored (PostgreSQL refused them)."""
+
+def _units(size: int, waiters: list[_Waiter]) -> list[tuple[int, int]]:
+    """A batch of `size` rows as [start, end) units: each write()'s rows, each add()'s row."""
+    units: list[tuple[int, int]] = []
+    position = 0
+    for start, end, _ in sorted(waiters, key=lambda waiter: waiter[0]):
+        units.extend((i, i + 1) for i in range(position, start))
+        if end > start:
+            units.append((start, end))
+        position = max(position, end)
+    units.extend((i, i + 1) for i in range(position, size))
+    return units
+
+
+class RowsRejected(ValidationFailed):
+    """The rows of a write() could not be stored (PostgreSQL refused them); none of them was."""
+
+
+class _Unfinished(Exception):
+    """A batch being written in parts met a database failure: what is left of it (neither
+    written nor set aside) goes back in line as a batch of its own."""
+
+    def __init__(self, batch: list[ToolCall], waiters: list[_Waiter], cause: BaseException):
+        super().__init__(str(cause))
+        self.batch = batch
+        self.waiters = waiters
+        self.cause = cause
 
 
 @dataclass(slots=True, eq=False)
@@ -108,11 +152,13 @@ _FIRST_BACKOFF = 0.05
 
 # The database is out of reach: every batch would fail, so all writing pauses for the backoff.
 _DATABASE_DOWN: tuple[type[BaseException], ...] = (*DATABASE_DOWN, TimeoutError)
-# Worth another attempt, and not a bug: logged without a traceback.
+# Failures of the moment, not of the rows: the same batch is tried again after a backoff.
+# Anything else is taken to be about the rows, and the batch is written in parts.
 _TRANSIENT: tuple[type[BaseException], ...] = (
     *_DATABASE_DOWN,
     asyncpg.exceptions.TransactionRollbackError,  # deadlock, serialization
     asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,  # statement timeout, or cancelled by an operator
 )
 
 
@@ -317,6 +363,18 @@ class CallLog:
         retry, after a backoff of its own."""
         try:
             await self._write(batch, waiters, retry=backoff is not None)
+        except _Unfinished as exc:
+            self._held -= len(batch) - len(exc.batch)
+            delay = self._failed(
+                exc.batch, exc.waiters, backoff, pause_all=isinstance(exc.cause, _DATABASE_DOWN)
+            )
+            log.warning(
+                "cannot write %d tool calls (%s: %s); retrying in %.2f s",
+                len(exc.batch),
+                type(exc.cause).__name__,
+                exc.cause,
+                delay,
+            )
         except _TRANSIENT as exc:
             delay = self._failed(batch, waiters, backoff, pause_all=isinstance(exc, _DATABASE_DOWN))
             log.warning(
@@ -325,11 +383,6 @@ class CallLog:
                 type(exc).__name__,
                 exc,
                 delay,
-            )
-        except Exception:
-            delay = self._failed(batch, waiters, backoff, pause_all=False)
-            log.exception(
-                "unexpected error writing %d tool calls; retrying in %.2f s", len(batch), delay
             )
         else:
             self._held -= len(batch)
@@ -379,46 +432,102 @@ class CallLog:
         async with self._pool.acquire(timeout=10) as conn:
             try:
                 inserted = await tool_calls_db.write_batch(conn, batch, retry=retry)
-            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
-                # One bad row must not hold back the rest: store them one by one.
-                log.error(
-                    "a batch of %d tool calls was refused (%s); writing row by row",
+            except _TRANSIENT:
+                raise
+            except Exception as exc:
+                # About the rows, not the moment: retrying the same batch would fail forever
+                # and hold back every tenant's calls in it.
+                log.warning(
+                    "a batch of %d tool calls was refused (%s: %s); writing it in parts",
                     len(batch),
+                    type(exc).__name__,
                     exc,
                 )
-                await self._write_rows(conn, batch, waiters)
+                await self._write_apart(conn, batch, waiters)
                 return
-        self.stats.batches += 1
-        self.stats.written += inserted
-        self.stats.skipped += len(batch) - inserted
+        self._count_batch(len(batch), inserted)
         for _, _, future in waiters:
             if not future.done():
                 future.set_result(None)
 
-    async def _write_rows(
-        self,
-        conn: asyncpg.pool.PoolConnectionProxy,
-        batch: list[ToolCall],
-        waiters: list[_Waiter],
+    def _count_batch(self, size: int, inserted: int) -> None:
+        self.stats.batches += 1
+        self.stats.written += inserted
+        self.stats.skipped += size - inserted
+
+    async def _write_apart(
+        self, conn: asyncpg.pool.PoolConnectionProxy, batch: list[ToolCall], waiters: list[_Waiter]
     ) -> None:
-        refused: set[int] = set()
-        written = 0
-        for index, row in enumerate(batch):
+        """Write a refused batch by halves, and halves of the halves that fail, until every
+        part is written or is one unit PostgreSQL still refuses: that is set aside (logged,
+        counted, never retried). A unit is one add()'s row or all the rows of one write(),
+        whose answer covers them all. One bad row among n costs about 2·log2(n) attempts."""
+        units = _units(len(batch), waiters)
+        refused: set[tuple[int, int]] = set()
+        parts = [units]
+        while parts:
+            part = parts.pop()
+            rows = [row for start, end in part for row in batch[start:end]]
             try:
-                written += await tool_calls_db.write_batch(conn, [row])
-            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
-                refused.add(index)
-                log.error("tool call refused by PostgreSQL and dropped: %s (%r)", exc, row)
-        # Counted only now: a batch failing midway is written again from its first row.
-        self.stats.rejected += len(refused)
-        self.stats.written += written
-        self.stats.skipped += len(batch) - len(refused) - written
+                # retry: the batch may be a retry of one whose commit went unheard.
+                inserted = await tool_calls_db.write_batch(conn, rows, retry=True)
+            except _TRANSIENT as exc:
+                left = [unit for remaining in (part, *parts) for unit in remaining]
+                raise self._unfinished(batch, waiters, left, exc) from exc
+            except Exception as exc:
+                if len(part) == 1:
+                    refused.add(part[0])
+                    self._set_aside(batch, part[0], exc)
+                else:
+                    middle = len(part) // 2
+                    parts += (part[middle:], part[:middle])  # the first half next
+                continue
+            self._count_batch(len(rows), inserted)
         for start, end, future in waiters:
             if not future.done():
-                if any(start <= i < end for i in refused):
-                    future.set_exception(RowsRejected("PostgreSQL refused some tool calls"))
+                if (start, end) in refused:
+                    future.set_exception(RowsRejected(_REFUSED))
                 else:
                     future.set_result(None)
+
+    def _set_aside(self, batch: list[ToolCall], unit: tuple[int, int], exc: Exception) -> None:
+        start, end = unit
+        first = batch[start]
+        self.stats.rejected += end - start
+        log.error(
+            "%d tool call(s) of workspace %s set aside, PostgreSQL cannot store them "
+            "(%s: %s); the first: %.500r",
+            end - start,
+            first.workspace_id,
+            type(exc).__name__,
+            exc,
+            first,
+            extra={"workspace_id": str(first.workspace_id), "tool_call_id": str(first.id)},
+        )
+
+    @staticmethod
+    def _unfinished(
+        batch: list[ToolCall],
+        waiters: list[_Waiter],
+        left: list[tuple[int, int]],
+        cause: BaseException,
+    ) -> _Unfinished:
+        """What is left of a batch written in parts, as a batch of its own; the waiters of
+        units already written are answered."""
+        rest: list[ToolCall] = []
+        moved: dict[tuple[int, int], tuple[int, int]] = {}
+        for start, end in sorted(left):
+            moved[(start, end)] = (len(rest), len(rest) + end - start)
+            rest.extend(batch[start:end])
+        rest_waiters: list[_Waiter] = []
+        for start, end, future in waiters:
+            if future.done():
+                continue
+            if (start, end) in moved:
+                rest_waiters.append((*moved[(start, end)], future))
+            else:
+                future.set_result(None)
+        return _Unfinished(rest, rest_waiters, cause)
 
     def _fail_waiters(self, exc: Exception) -> None:
         """Give up on everything still queued (shutdown with the database down)."""

@@ -55,6 +55,10 @@ def serve(args: argparse.Namespace) -> None:
         print=None,
         # Drain in-flight requests (and the call log, via cleanup) on SIGTERM.
         shutdown_timeout=30,
+        # A caller that hangs up cancels its handler, as under aiohttp's test server: the
+        # proxy then closes the upstream request at once (instead of holding it until the
+        # upstream next writes) and logs the call as cancelled by the caller.
+        handler_cancellation=True,
     )
 
 

@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import Field
@@ -31,6 +30,7 @@ from gateway.auth import PRINCIPAL, USE, Access
 from gateway.calllog import ToolCall, clean_text
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, PayloadTooLarge
 from gateway.keys import CALL_LOG, HTTP, SETTINGS, UPSTREAMS
+from gateway.mcp.tool_calls import CALLER_CANCELLED, ReplyReader, ToolCallSeen, tool_calls_in
 from gateway.upstreams import Upstream
 
 log = logging.getLogger(__name__)
@@ -75,47 +75,22 @@ def _sends_auto_headers(headers: CIMultiDict[str]) -> bool:
     return "User-Agent" in headers and "Accept" in headers
 
 
-_TOOLS_CALL = "tools/call"
-_MAX_TOOL_NAME = 255
-_UNNAMED_TOOL = "(unnamed)"
 # Non-streamed replies up to this size are read whole and sent in one write (see _buffered).
 _BUFFERED_REPLY_BYTES = 1 << 20
 # How often an idle server-initiated (GET) stream checks that its client is still there.
 _CLIENT_CHECK_SECONDS = 15.0
+# X-Caller-Agent is free text from a header; stored as the tool name is (and indexed: PostgreSQL
+# refuses index entries over 2,704 bytes).
+_MAX_CALLER_AGENT = 255
+
+CALLER_HUNG_UP = f"{CALLER_CANCELLED}: it went away before the response arrived"
+_NO_RESPONSE = "the upstream's reply holds no response to this call"
 
 _CORS_ALLOW_HEADERS = (
     "Authorization, X-API-Key, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, "
     "Mcp-Method, Mcp-Name, Last-Event-ID, X-Caller-Agent, traceparent, tracestate"
 )
 _CORS_EXPOSE_HEADERS = "Mcp-Session-Id, Retry-After, Allow"
-
-
-def tool_calls_in(body: bytes) -> list[str]:
-    """The tool name of each `tools/call` in a JSON-RPC message or batch, [] for anything else.
-
-    Bodies that cannot contain the method name are not parsed at all.
-    """
-    if b"tools/call" not in body and b"tools\\/call" not in body:
-        return []
-    try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return []
-    if isinstance(message, dict):
-        return [_tool_name(message)] if message.get("method") == _TOOLS_CALL else []
-    if isinstance(message, list):
-        return [
-            _tool_name(m) for m in message if isinstance(m, dict) and m.get("method") == _TOOLS_CALL
-        ]
-    return []
-
-
-def _tool_name(message: dict[str, object]) -> str:
-    params = message.get("params")
-    name = params.get("name") if isinstance(params, dict) else None
-    if not isinstance(name, str) or not name:
-        return _UNNAMED_TOOL
-    return clean_text(name[:_MAX_TOOL_NAME]) or _UNNAMED_TOOL
 
 
 @functools.lru_cache(maxsize=1024)  # callers send the same few header names again and again
@@ -159,16 +134,36 @@ class UpstreamResponse(web.Response):
     """An upstream's answer passed back unchanged: its status and body are the server's, not
     the gateway API's (so they follow no schema of ours)."""
 
+    # The upstream sent no Content-Type: aiohttp would add application/octet-stream.
+    bare = False
+
+
+class UpstreamStream(web.StreamResponse):
+    """An upstream's answer streamed back as it arrives."""
+
+    bare = False
+
 
 class _Outcome:
-    """How a proxied exchange ended, for the call log."""
+    """How a proxied exchange went, for the call log."""
 
-    __slots__ = ("error", "size", "status")
+    __slots__ = ("calls", "cancelled", "error", "reader", "size", "status")
 
-    def __init__(self) -> None:
+    def __init__(self, calls: list[ToolCallSeen]) -> None:
+        self.calls = calls
         self.status = 0
         self.size = 0
+        # The exchange failed on the upstream's side (unreachable, timed out, broke off).
         self.error: str | None = None
+        # The caller went away before the end of the reply.
+        self.cancelled = False
+        # Reads the reply for the calls' responses (None: no tools/call, or no reply yet).
+        self.reader: ReplyReader | None = None
+
+
+class _CallerLeft(Exception):
+    """Writing to the caller failed: it hung up. Not an OSError, so never taken for the
+    upstream's failure (aiohttp's ClientConnectionResetError is both)."""
 
 
 @routes.route(
@@ -198,9 +193,11 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     """Transparent streamable-HTTP proxy: the request is forwarded unchanged (with the server's
     stored credentials instead of yours) and the server's status, MCP headers and body come back
     unchanged, SSE streamed event by event. Every `tools/call` (also inside a JSON-RPC batch) is
-    logged as a tool call; `X-Caller-Agent` names the caller. An unreachable server is 502, one
-    that does not answer within GATEWAY_PROXY_TIMEOUT_SECONDS 504 (a stream that keeps sending
-    is never cut; one silent for that long is)."""
+    logged as a tool call, `error` when the HTTP status is not 2xx, the exchange failed, or its
+    JSON-RPC response is an error or a result with `isError: true`; `X-Caller-Agent` names the
+    caller. An unreachable server is 502, one that does not answer within
+    GATEWAY_PROXY_TIMEOUT_SECONDS 504 (a stream that keeps sending is never cut; one silent for
+    that long is)."""
     started = time.perf_counter()
     app = request.app
     workspace_id = request[PRINCIPAL].workspace_id
@@ -213,13 +210,20 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
         if (request.content_length or 0) > settings.max_body_bytes:
             raise PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes")
         body = await request.read()
-    tools = tool_calls_in(body) if body else []
-    outcome = _Outcome()
+    outcome = _Outcome(tool_calls_in(body) if body else [])
     try:
         return await _exchange(request, upstream, body, outcome)
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler when the caller hangs up (handler_cancellation), and
+        # when the gateway shuts down, which leaves the caller's connection open until then.
+        if _caller_gone(request):
+            outcome.cancelled = True
+        elif outcome.error is None:
+            outcome.error = "the gateway shut down before the response arrived"
+        raise
     finally:
-        if tools:
-            _record(request, upstream, tools, outcome, started)
+        if outcome.calls:
+            _record(request, upstream, outcome, started)
 
 
 @functools.lru_cache(maxsize=256)  # aiohttp parses Content-Type afresh for every response
@@ -269,26 +273,30 @@ async def _exchange(
             value = reply.headers.get(name)
             if value is not None:
                 headers[name] = value
-        is_stream = _is_event_stream(reply.headers.get("Content-Type"))
+        content_type = reply.headers.get("Content-Type")
+        is_stream = _is_event_stream(content_type)
         length = reply.content_length
         if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
-            return await _buffered(reply, headers, outcome, timeout_seconds)
-        response = web.StreamResponse(status=reply.status, reason=reply.reason, headers=headers)
+            return await _buffered(request, reply, headers, outcome, timeout_seconds)
+        if outcome.calls:
+            outcome.reader = ReplyReader(outcome.calls, event_stream=is_stream)
+        response = UpstreamStream(status=reply.status, reason=reply.reason, headers=headers)
+        response.bare = content_type is None
         if is_stream:
             response.headers["X-Accel-Buffering"] = "no"
         elif length is not None:
             response.content_length = length
-        await response.prepare(request)
         try:
+            await response.prepare(request)
             await _pump(request, reply, response, outcome, timeout_seconds, is_get)
-            await response.write_eof()
-        except ConnectionError:
-            if outcome.error is None:
-                outcome.error = "the client went away before the end of the response"
+        except _CallerLeft:
+            outcome.cancelled = True
+            log.debug("proxy to %s: the caller went away", reply.url)
     return response
 
 
 async def _buffered(
+    request: web.Request,
     reply: aiohttp.ClientResponse,
     headers: CIMultiDict[str],
     outcome: _Outcome,
@@ -305,7 +313,18 @@ async def _buffered(
         outcome.error = f"upstream broke off the response: {_describe(exc)}"
         raise BadGateway(outcome.error) from None
     outcome.size = len(body)
-    return UpstreamResponse(body=body, status=reply.status, reason=reply.reason, headers=headers)
+    if outcome.calls:
+        reader = outcome.reader = ReplyReader(outcome.calls, event_stream=False)
+        reader.read_body(body)
+        if _caller_gone(request):
+            outcome.cancelled = True  # it waited for the upstream, then hung up
+        else:
+            reader.delivered()
+    response = UpstreamResponse(
+        body=body, status=reply.status, reason=reply.reason, headers=headers
+    )
+    response.bare = "Content-Type" not in reply.headers
+    return response
 
 
 async def _pump(
@@ -316,38 +335,61 @@ async def _pump(
     timeout_seconds: float,
     is_get: bool,
 ) -> None:
-    """Copy the body chunk by chunk as it arrives. When the upstream fails mid-body the client's
-    connection is closed, so it sees a truncated response rather than a complete-looking one."""
+    """Copy the body chunk by chunk as it arrives, read by the outcome's reader on the way.
+    Raises _CallerLeft when a write to the caller fails. When the upstream fails mid-body the
+    caller's connection is closed, so it sees a truncated response rather than a
+    complete-looking one."""
     content = reply.content
+    reader = outcome.reader
     try:
         if not is_get:
             async for chunk in content.iter_any():
                 outcome.size += len(chunk)
-                await response.write(chunk)
-            return
-        while True:
-            try:
-                async with asyncio.timeout(_CLIENT_CHECK_SECONDS):
-                    chunk = await content.readany()
-            except TimeoutError:
-                transport = request.transport
-                if transport is None or transport.is_closing():
-                    raise ConnectionResetError("client went away") from None
-                continue
-            if not chunk:
-                return
-            outcome.size += len(chunk)
-            await response.write(chunk)
+                if reader is not None:
+                    reader.feed(chunk)
+                try:
+                    await response.write(chunk)
+                except ConnectionError:
+                    raise _CallerLeft from None
+                if reader is not None:
+                    reader.delivered()
+        else:
+            while True:
+                try:
+                    async with asyncio.timeout(_CLIENT_CHECK_SECONDS):
+                        chunk = await content.readany()
+                except TimeoutError:
+                    if _caller_gone(request):
+                        raise _CallerLeft from None
+                    continue
+                if not chunk:
+                    break
+                outcome.size += len(chunk)
+                try:
+                    await response.write(chunk)
+                except ConnectionError:
+                    raise _CallerLeft from None
     except TimeoutError:
         outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
     except (aiohttp.ClientError, OSError) as exc:
-        if isinstance(exc, ConnectionError) and not isinstance(exc, aiohttp.ClientError):
-            raise  # our client went away
         outcome.error = f"upstream broke off the response: {_describe(exc)}"
+    else:
+        if reader is not None:
+            reader.finish()
+            reader.delivered()
+        try:
+            await response.write_eof()
+        except ConnectionError:
+            raise _CallerLeft from None
+        return
     log.warning("proxy to %s: %s", reply.url, outcome.error)
     if request.transport is not None:
         request.transport.close()
-    raise ConnectionResetError(outcome.error)
+
+
+def _caller_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _describe(exc: BaseException) -> str:
@@ -358,31 +400,46 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _record(
-    request: web.Request,
-    upstream: Upstream,
-    tools: list[str],
-    outcome: _Outcome,
-    started: float,
-) -> None:
-    duration_ms = round((time.perf_counter() - started) * 1000)
-    error = outcome.error
-    ok = 200 <= outcome.status < 300 and error is None
-    if error is None and not ok:
-        error = f"upstream answered HTTP {outcome.status}"
-    status = "success" if ok else "error"
-    caller = clean_text(request.headers.get("X-Caller-Agent"))
+def _verdict(call: ToolCallSeen, outcome: _Outcome) -> str | None:
+    """Why the call failed, or None when it succeeded. A response that reached the caller
+    decides, whatever happened to the connection afterwards."""
+    answered = 200 <= outcome.status < 300
+    if call.relayed and answered:
+        return call.error
+    if outcome.error is not None:
+        return outcome.error
+    if outcome.cancelled:
+        return CALLER_HUNG_UP
+    if not answered:
+        text = f"upstream answered HTTP {outcome.status}"
+        return f"{text}: {call.error}" if call.error else text
+    reader = outcome.reader
+    if call.rid is None or reader is None or reader.blind or reader.resumable:
+        # A notification has no response; an unreadable reply is judged by its status; a
+        # resumable stream may deliver the response on another request (2025-11-25 polling).
+        return None
+    return _NO_RESPONSE
+
+
+def _record(request: web.Request, upstream: Upstream, outcome: _Outcome, started: float) -> None:
+    reader = outcome.reader
+    answered_at = None if reader is None else reader.answered_at
+    duration_ms = round(((answered_at or time.perf_counter()) - started) * 1000)
+    caller = request.headers.get("X-Caller-Agent")
+    if caller is not None:
+        caller = clean_text(caller)[:_MAX_CALLER_AGENT]
     created_at = datetime.now(UTC)
     call_log = request.app[CALL_LOG]
-    for name in tools:
+    for call in outcome.calls:
+        error = _verdict(call, outcome)
         call_log.add(
             ToolCall(
                 uuid7(),
                 upstream.workspace_id,
                 upstream.id,
-                name,
+                call.name,
                 caller,
-                status,
+                "success" if error is None else "error",
                 duration_ms,
                 None,
                 None,
@@ -414,12 +471,16 @@ async def preflight(request: web.Request, server_id: uuid.UUID) -> web.Response:
     )
 
 
-async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+async def _response_headers(request: web.Request, response: web.StreamResponse) -> None:
+    # Runs after aiohttp's defaults are in: an upstream reply without a Content-Type must not
+    # gain one.
+    if isinstance(response, (UpstreamResponse, UpstreamStream)) and response.bare:
+        response.headers.popall("Content-Type", None)
     # Every response of the proxy routes, errors included, so a browser can read them.
     if "Origin" in request.headers and request.path.startswith(_PROXY_PREFIX):
         response.headers["Access-Control-Allow-Origin"] = "*"
         response.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE_HEADERS
 
 
-def setup_cors(app: web.Application) -> None:
-    app.on_response_prepare.append(_cors_headers)
+def setup_response_headers(app: web.Application) -> None:
+    app.on_response_prepare.append(_response_headers)

@@ -177,3 +177,17 @@ def sdk_json_url() -> Iterator[str]:
     """Stateless SDK server answering with plain JSON."""
     with sdk_server(stateless=True, json_response=True) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def sdk_stateful() -> Iterator[str]:
+    """The SDK server in its default mode: sessions, SSE replies to handshake-era clients."""
+    with sdk_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def sdk_stateless() -> Iterator[str]:
+    """Stateless SDK server answering with plain JSON."""
+    with sdk_server(stateless=True, json_response=True) as url:
+        yield url

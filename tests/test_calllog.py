@@ -315,9 +315,10 @@ async def test_rows_naming_a_server_of_another_workspace_are_skipped(
     assert await db.fetchval("SELECT sum(call_count) FROM tool_call_hourly") == 1
 
 
-async def test_a_refused_row_does_not_hold_back_the_rest(
+async def test_a_refused_write_stores_nothing_and_holds_back_nothing(
     pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
 ) -> None:
+    """The rows of one write() are stored together or not at all: its caller gets one answer."""
     workspace, (server, _) = servers
     log = CallLog(pool)
     log.start()
@@ -327,45 +328,152 @@ async def test_a_refused_row_does_not_hold_back_the_rest(
         await log.write([good[0], bad, good[1]])
     await log.write([good[2]])
     await log.close()
-    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 3
-    assert log.stats.rejected == 1
+    assert await db.fetchval("SELECT array_agg(id) FROM tool_calls") == [good[2].id]
+    assert log.stats.rejected == 3
 
 
-async def test_a_batch_that_keeps_failing_backs_off_on_its_own(
+def unstorable(workspace: uuid.UUID, server: uuid.UUID) -> list[ToolCall]:
+    """Rows that get past nothing but a bug: each fails a COPY in its own way."""
+    row = record(workspace, server, "bad")
+    return [
+        row._replace(caller_agent="agent-\udcff"),  # cannot be encoded
+        row._replace(id=uuid7(), caller_agent=secrets.token_hex(2000)),  # over an index entry
+        row._replace(id=uuid7(), status="maybe"),  # violates the CHECK
+        row._replace(id=uuid7(), duration_ms="ten"),  # type: ignore[arg-type]
+    ]
+
+
+async def test_bad_rows_are_set_aside_and_the_rest_of_their_batch_written_at_once(
     pool: asyncpg.Pool,
     db: asyncpg.Connection,
     servers: tuple[uuid.UUID, list[uuid.UUID]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A batch failing outside PostgreSQL (a bug) waits longer before each attempt, while the
-    batches behind it are written at once (their success does not shorten its wait)."""
+    """One tenant's unstorable rows in the middle of another's load: the batch is split, every
+    good row is stored within a second, each bad row is logged once with its workspace and
+    counted, and nothing is retried."""
     workspace, (server, _) = servers
+    other_workspace = await db.fetchval(
+        "INSERT INTO workspaces (name, slug) VALUES ('o', $1) RETURNING id",
+        f"o-{secrets.token_hex(4)}",
+    )
+    other_server = await db.fetchval(
+        "INSERT INTO servers (workspace_id, name, url) VALUES ($1, 'o', 'http://o') RETURNING id",
+        other_workspace,
+    )
+    log = CallLog(pool, batch_rows=2000)
+    log.start()
+    bad = unstorable(other_workspace, other_server)
+    good = [record(workspace, server) for _ in range(1000)]
+    for i, row in enumerate(good):
+        log.add(row)
+        if i % 250 == 100:
+            log.add(bad[i // 250])
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        if await db.fetchval("SELECT count(*) FROM tool_calls") == len(good):
+            break
+        await asyncio.sleep(0.01)
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == len(good)
+    assert await db.fetchval("SELECT sum(call_count) FROM tool_call_hourly") == len(good)
+    await log.close(drain_seconds=1)
+    assert (log.stats.written, log.stats.rejected, log.stats.failures) == (1000, 4, 0)
+    assert len(log) == 0
+    set_aside = [r for r in caplog.records if "set aside" in r.getMessage()]
+    assert len(set_aside) == 4
+    assert all(str(other_workspace) in r.getMessage() for r in set_aside)
+
+
+async def test_a_batch_split_by_a_bad_row_and_stopped_by_a_lock_goes_on_later(
+    database_url: str, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    """While a refused batch is written in parts, a part meets a failure of the moment: what
+    is left (neither written nor set aside) is retried later as a batch of its own, and the
+    write() among it is answered once its rows are stored."""
+    workspace, (held, free) = servers
+    pool = await asyncpg.create_pool(
+        database_url, min_size=1, max_size=4, server_settings={"lock_timeout": "20ms"}
+    )
+    assert pool is not None
+    log = CallLog(pool, flush_seconds=0.05)
+    log.start()
+    try:
+        async with server_held(db, held):
+            bad = record(workspace, free)._replace(workspace_id="not a uuid")  # type: ignore[arg-type]
+            log.add(bad)
+            for _ in range(5):
+                log.add(record(workspace, free))
+            waited = [record(workspace, held) for _ in range(3)]
+            writing = asyncio.create_task(log.write(waited))
+            for _ in range(5):
+                log.add(record(workspace, free))
+            for _ in range(3000):
+                if log.stats.failures:
+                    break
+                await asyncio.sleep(0.01)
+            assert log.stats.rejected == 1
+            # The parts before the one that met the lock are in.
+            assert await db.fetchval("SELECT count(*) FROM tool_calls") >= 5
+            assert not writing.done()
+        await asyncio.wait_for(writing, 10)
+        await log.close()
+        assert (
+            await db.fetchval(
+                "SELECT count(*) FROM tool_calls WHERE id = ANY($1::uuid[])", [r.id for r in waited]
+            )
+            == 3
+        )
+        assert await db.fetchval("SELECT count(*) FROM tool_calls") == 13
+        assert (log.stats.written, log.stats.rejected, len(log)) == (13, 1, 0)
+    finally:
+        await pool.close()
+
+
+async def test_a_batch_that_keeps_failing_backs_off_on_its_own(
+    database_url: str,
+    db: asyncpg.Connection,
+    servers: tuple[uuid.UUID, list[uuid.UUID]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch failing for the moment (here: a lock it cannot get) waits longer before each
+    attempt, while the batches behind it are written at once (their success does not shorten
+    its wait)."""
+    workspace, (server, other) = servers
+    pool = await asyncpg.create_pool(
+        database_url, min_size=1, max_size=4, server_settings={"lock_timeout": "20ms"}
+    )
+    assert pool is not None
     log = CallLog(pool)
     log.start()
-    log.add(record(workspace, server)._replace(workspace_id="not a uuid"))  # type: ignore[arg-type]
 
     def delays() -> list[str]:
         return [
             r.getMessage().rsplit(" ", 2)[1]
             for r in caplog.records
-            if r.getMessage().startswith("unexpected error writing 1 tool calls")
+            if r.getMessage().startswith("cannot write 1 tool calls (LockNotAvailableError")
         ]
 
-    deadline = time.monotonic() + 30
-    for _ in range(3000):  # its first attempt, alone
-        if delays():
-            break
-        await asyncio.sleep(0.01)
-    written = 0
-    while len(delays()) < 4 and time.monotonic() < deadline:
-        await asyncio.wait_for(log.write([record(workspace, server)]), 10)
-        written += 1
-    assert delays()[:4] == ["0.05", "0.10", "0.20", "0.40"]
-    await log.close(drain_seconds=0.2)  # the failing batch is given up at shutdown...
-    assert await db.fetchval("SELECT count(*) FROM tool_calls") == written
-    assert len(log) == 0 and log.stats.dropped == 1  # ...and counted as dropped
-    log.add(record(workspace, server))  # so is a call arriving after shutdown
-    assert len(log) == 0 and log.stats.dropped == 2
+    try:
+        async with server_held(db, server):
+            log.add(record(workspace, server))
+            deadline = time.monotonic() + 30
+            for _ in range(3000):  # its first attempt, alone
+                if delays():
+                    break
+                await asyncio.sleep(0.01)
+            written = 0
+            while len(delays()) < 4 and time.monotonic() < deadline:
+                await asyncio.wait_for(log.write([record(workspace, other)]), 10)
+                written += 1
+            assert delays()[:4] == ["0.05", "0.10", "0.20", "0.40"]
+            await log.close(drain_seconds=0.2)  # the failing batch is given up at shutdown...
+        assert await db.fetchval("SELECT count(*) FROM tool_calls") == written
+        assert len(log) == 0 and log.stats.dropped == 1  # ...and counted as dropped
+        assert log.stats.rejected == 0  # a failure of the moment is not the rows' fault
+        log.add(record(workspace, server))  # so is a call arriving after shutdown
+        assert len(log) == 0 and log.stats.dropped == 2
+    finally:
+        await pool.close()
 
 
 async def test_shutdown_fails_the_writes_it_gives_up_on(

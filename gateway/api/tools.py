@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -23,6 +24,7 @@ from gateway.calllog import ToolCall, clean_text
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
 from gateway.keys import CALL_LOG, HTTP, SETTINGS, TOOL_LISTS, UPSTREAMS
 from gateway.mcp.client import McpError
+from gateway.mcp.tool_calls import UNNAMED_TOOL, failed_result_text, shorten
 from gateway.tool_lists import mcp_session
 from gateway.upstreams import Upstream
 
@@ -31,7 +33,6 @@ log = logging.getLogger(__name__)
 routes = Routes("tool playground")
 
 PLAYGROUND_AGENT = "mcp-gateway-playground"
-_MAX_ERROR_CHARS = 10_000
 _MAX_SCHEMA_ERRORS = 10
 
 
@@ -134,10 +135,11 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
     app = request.app
     upstream = await _upstream(request, server_id)
     started = time.perf_counter()
+    failed: _Outcome | None = None
     try:
         listing = await app[TOOL_LISTS].get(upstream)
     except (BadGateway, GatewayTimeout) as exc:
-        outcome = _Outcome(None, exc.detail, _ms_since(started))
+        failed = _Outcome(None, exc.detail, _ms_since(started))
     else:
         tool = listing.find(body.tool_name)
         if tool is None:
@@ -146,10 +148,9 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
                 f"fetched at {listing.fetched_at.isoformat()}; DELETE the tools cache to refresh)"
             )
         _check_arguments(tool["inputSchema"], body.arguments)
-        outcome = await _call(app, upstream, body.tool_name, body.arguments)
-    call = _log_row(upstream, body.tool_name, outcome)
-    # Awaited: the returned tool_call_id is in GET /tool-calls as soon as this answers.
-    await app[CALL_LOG].write([call])
+    # Shielded: a caller hanging up (which cancels this handler) must not leave a call made
+    # and not logged.
+    call, outcome = await asyncio.shield(_call_and_log(app, upstream, body, failed))
     return {
         "tool_call_id": call.id,
         "result": outcome.result,
@@ -180,6 +181,16 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"{where}: {error.message}"
 
 
+async def _call_and_log(
+    app: web.Application, upstream: Upstream, body: InvokeIn, failed: _Outcome | None
+) -> tuple[ToolCall, _Outcome]:
+    outcome = failed or await _call(app, upstream, body.tool_name, body.arguments)
+    call = _log_row(upstream, body.tool_name, outcome)
+    # Awaited: the returned tool_call_id is in GET /tool-calls as soon as the handler answers.
+    await app[CALL_LOG].write([call])
+    return call, outcome
+
+
 async def _call(
     app: web.Application, upstream: Upstream, name: str, arguments: dict[str, Any]
 ) -> _Outcome:
@@ -190,42 +201,27 @@ async def _call(
             result = await client.call_tool(name, arguments)
             duration_ms = _ms_since(started)  # ending the session is not part of the call
     except McpError as exc:
-        return _Outcome(None, str(exc), _ms_since(started))
+        return _Outcome(None, shorten(str(exc)), _ms_since(started))
     if result.get("isError") is True:
-        return _Outcome(result, _error_text(result), duration_ms)
+        return _Outcome(result, failed_result_text(result), duration_ms)
     return _Outcome(result, None, duration_ms)
-
-
-def _error_text(result: dict[str, Any]) -> str:
-    """What a failing tool said: the text of its content blocks."""
-    content = result.get("content")
-    blocks = content if isinstance(content, list) else []
-    texts = [
-        block["text"]
-        for block in blocks
-        if isinstance(block, dict)
-        and block.get("type") == "text"
-        and isinstance(block.get("text"), str)
-    ]
-    return "\n".join(texts) or "the tool reported an error without a text"
 
 
 def _log_row(upstream: Upstream, tool_name: str, outcome: _Outcome) -> ToolCall:
     failed = outcome.error is not None
-    error = clean_text(outcome.error[:_MAX_ERROR_CHARS]) if outcome.error is not None else None
     size = None if outcome.result is None else len(orjson.dumps(outcome.result))
     return ToolCall(
         uuid7(),
         upstream.workspace_id,
         upstream.id,
-        clean_text(tool_name) or "(unnamed)",
+        clean_text(tool_name) or UNNAMED_TOOL,
         PLAYGROUND_AGENT,
         "error" if failed else "success",
         outcome.duration_ms,
         None,
         None,
         size,
-        error,
+        clean_text(outcome.error),
         datetime.now(UTC),
     )
 

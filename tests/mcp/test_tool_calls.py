@@ -1,0 +1,206 @@
+"""Reading tools/call exchanges: every call in a request body, each call's outcome in the reply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.mcp.tool_calls import (
+    MAX_ERROR_CHARS,
+    MAX_JUDGED_BYTES,
+    ReplyReader,
+    ToolCallSeen,
+    tool_calls_in,
+)
+
+
+def names(body: bytes) -> list[tuple[str, Any]]:
+    return [(call.name, call.rid) for call in tool_calls_in(body)]
+
+
+# -- every tools/call is seen ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"add"}}',
+        # Escapes the byte search cannot see through.
+        b'{"jsonrpc":"2.0","id":1,"method":"tools\\/call","params":{"name":"add"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"\\u0074ools/call","params":{"name":"add"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"\\u0074\\u006f\\u006f\\u006c\\u0073\\u002f'
+        b'\\u0063\\u0061\\u006c\\u006c","params":{"name":"\\u0061dd"}}',
+        b'{"jsonrpc":"2.0","id":1,"\\u006dethod":"tools\\u002fcall","params":{"name":"add"}}',
+        # Whitespace of every kind, pretty-printed.
+        b'{\n  "jsonrpc" : "2.0",\r\n\t"id" :1 ,\n  "method"\n:\n"tools/call",'
+        b'\n  "params": {\n    "name": "add"\n  }\n}\n',
+        # Minimal: no params at all is still a call, of an unnamed tool.
+        b'{"method":"tools/call","id":1,"params":{"name":"add"}}',
+        # A later duplicate key wins, as in the SDK servers' parsers.
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call",'
+        b'"params":{"name":"add"}}',
+        # What orjson refuses but a Python SDK server accepts.
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"add",'
+        b'"arguments":{"a":NaN}}}',
+    ],
+)
+def test_every_spelling_of_a_tools_call_is_seen(body: bytes) -> None:
+    assert names(body) == [("add", 1)]
+
+
+def test_a_batch_gives_each_call_with_its_id() -> None:
+    batch = orjson.dumps(
+        [
+            {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "one"}},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "notified"}},
+            {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "two"}},
+        ]
+    )
+    assert names(batch) == [("one", "a"), ("notified", None), ("two", 3)]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}',
+        b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"text":"tools/call"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"text":"tools\\/call"}}',
+        b'{"jsonrpc":"2.0","id":1,"result":{"method":"tools/call"}}',
+        b"not json but tools/call",
+        b"[" * 5000 + b"]" * 5000 + b"\\",  # too deep for any parser: not a crash
+        b'"tools/call"',
+    ],
+)
+def test_anything_else_is_not_a_call(body: bytes) -> None:
+    assert names(body) == []
+
+
+def test_names_are_made_storable_and_bounded() -> None:
+    body = b'{"id":1,"method":"tools/call","params":{"name":"a\\u0000b\\ud800' + b"x" * 300 + b'"}}'
+    [(name, _)] = names(body)
+    assert name.startswith("ab\ufffd")
+    assert "\x00" not in name and len(name) <= 255
+    name.encode()  # valid UTF-8
+    assert names(b'{"id":1,"method":"tools/call","params":{"name":""}}') == [("(unnamed)", 1)]
+    assert names(b'{"id":1,"method":"tools/call","params":[]}') == [("(unnamed)", 1)]
+
+
+# -- outcomes ----------------------------------------------------------------------------------
+
+
+def calls(*ids: Any) -> list[ToolCallSeen]:
+    return [ToolCallSeen(f"tool-{rid}", rid) for rid in ids]
+
+
+def response(rid: Any, *, error: dict[str, Any] | None = None, failed: bool = False) -> Any:
+    if error is not None:
+        return {"jsonrpc": "2.0", "id": rid, "error": error}
+    content = [{"type": "text", "text": "it broke" if failed else "fine"}]
+    return {"jsonrpc": "2.0", "id": rid, "result": {"content": content, "isError": failed}}
+
+
+def outcome(call: ToolCallSeen) -> tuple[bool, str | None]:
+    return call.relayed, call.error
+
+
+def test_a_json_reply_decides_each_call() -> None:
+    seen = calls(1)
+    reader = ReplyReader(seen, event_stream=False)
+    reader.read_body(orjson.dumps(response(1, failed=True)))
+    assert outcome(seen[0]) == (False, "it broke")  # read, not yet handed to the caller
+    reader.delivered()
+    assert outcome(seen[0]) == (True, "it broke")
+    assert reader.answered_at is not None
+
+
+def test_a_batch_reply_gives_each_call_its_own_response() -> None:
+    seen = calls(1, "1", 2, 3)
+    reader = ReplyReader(seen, event_stream=False)
+    reply = [
+        response(3),
+        response("1", error={"code": -32602, "message": "Invalid params: a is required"}),
+        response(1, failed=True),
+    ]
+    reader.read_body(orjson.dumps(reply))
+    reader.delivered()
+    assert [outcome(call) for call in seen] == [
+        (True, "it broke"),
+        (True, "JSON-RPC error -32602: Invalid params: a is required"),
+        (False, None),  # no response for 2
+        (True, None),
+    ]
+
+
+def test_an_error_without_id_fails_every_call_waiting() -> None:
+    seen = calls(1, 2)
+    reader = ReplyReader(seen, event_stream=False)
+    reader.read_body(orjson.dumps(response(None, error={"code": -32700, "message": "Parse"})))
+    reader.delivered()
+    assert [outcome(call) for call in seen] == [(True, "JSON-RPC error -32700: Parse")] * 2
+
+
+def test_reasons_are_shortened() -> None:
+    seen = calls(1)
+    reader = ReplyReader(seen, event_stream=False)
+    long = {"content": [{"type": "text", "text": "x" * 5000}], "isError": True}
+    reader.read_body(orjson.dumps({"jsonrpc": "2.0", "id": 1, "result": long}))
+    assert seen[0].error is not None and len(seen[0].error) == MAX_ERROR_CHARS
+
+
+def sse(*events: str) -> bytes:
+    return "".join(events).encode()
+
+
+def test_sse_the_response_is_the_event_with_the_id_after_notifications() -> None:
+    seen = calls(7)
+    reader = ReplyReader(seen, event_stream=True)
+    progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
+    other = response(8, failed=True)  # some other request's answer
+    stream = sse(
+        "id: 1\nretry: 100\ndata:\n\n",  # a priming event
+        ": comment\n\n",
+        f"event: message\ndata: {orjson.dumps(progress).decode()}\n\n",
+        "data: not json at all\n\n",
+        f"data: {orjson.dumps(other).decode()}\n\n",
+        "data: "
+        + orjson.dumps(response(7, failed=True), option=orjson.OPT_INDENT_2)
+        .decode()
+        .replace("\n", "\ndata: ")
+        + "\n\n",
+    )
+    cut = stream.index(b'"id": 7') + 3
+    reader.feed(stream[:cut])
+    reader.delivered()
+    assert outcome(seen[0]) == (False, None)  # not complete yet
+    reader.feed(stream[cut:])
+    assert not seen[0].relayed  # read, but the write has not happened yet
+    reader.delivered()
+    assert outcome(seen[0]) == (True, "it broke")
+    assert reader.done and reader.resumable
+
+
+def test_a_streamed_json_reply_is_read_at_its_end() -> None:
+    seen = calls(1)
+    reader = ReplyReader(seen, event_stream=False)
+    body = orjson.dumps(response(1, error={"code": 1, "message": "no"}))
+    for i in range(0, len(body), 5):
+        reader.feed(body[i : i + 5])
+        reader.delivered()
+    assert not seen[0].relayed
+    reader.finish()
+    reader.delivered()
+    assert outcome(seen[0]) == (True, "JSON-RPC error 1: no")
+
+
+def test_a_reply_too_large_to_read_is_left_to_the_http_status() -> None:
+    seen = calls(1)
+    reader = ReplyReader(seen, event_stream=False)
+    chunk = b" " * (1 << 20)
+    for _ in range(MAX_JUDGED_BYTES // len(chunk) + 1):
+        reader.feed(chunk)
+    reader.finish()
+    reader.delivered()
+    assert reader.blind and outcome(seen[0]) == (False, None)
