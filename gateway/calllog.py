@@ -28,6 +28,8 @@ from datetime import datetime
 from typing import NamedTuple, overload
 
 import asyncpg
+import uuid_utils
+from asyncpg.pgproto import pgproto
 
 from gateway.db import tool_calls as tool_calls_db
 from gateway.errors import DATABASE_DOWN, ServiceUnavailable, ValidationFailed
@@ -52,6 +54,13 @@ class ToolCall(NamedTuple):
     output_size_bytes: int | None
     error_message: str | None
     created_at: datetime
+
+
+def new_call_id() -> uuid.UUID:
+    """A time-ordered id (UUIDv7: new rows append to the primary key), as asyncpg's own UUID
+    type, a uuid.UUID that COPY writes by copying its 16 bytes: a third of the cost of
+    uuid_utils.compat.uuid7(), and no Python `.bytes` property per row in the COPY."""
+    return pgproto.UUID(uuid_utils.uuid7().bytes)
 
 
 @overload

@@ -23,14 +23,19 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import Field
-from uuid_utils.compat import uuid7  # time-ordered: new rows append to the primary key
 
 from gateway.api.routing import API_PREFIX, Routes
 from gateway.auth import PRINCIPAL, USE, Access
-from gateway.calllog import ToolCall, clean_text
+from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, PayloadTooLarge
 from gateway.keys import CALL_LOG, HTTP, SETTINGS, UPSTREAMS
-from gateway.mcp.tool_calls import CALLER_CANCELLED, ReplyReader, ToolCallSeen, tool_calls_in
+from gateway.mcp.tool_calls import (
+    CALLER_CANCELLED,
+    ReplyReader,
+    ToolCallSeen,
+    read_reply,
+    tool_calls_in,
+)
 from gateway.upstreams import Upstream
 
 log = logging.getLogger(__name__)
@@ -277,7 +282,9 @@ async def _exchange(
         is_stream = _is_event_stream(content_type)
         length = reply.content_length
         if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
-            return await _buffered(request, reply, headers, outcome, timeout_seconds)
+            buffered = await _buffered(request, reply, headers, outcome, timeout_seconds)
+            buffered.bare = content_type is None
+            return buffered
         if outcome.calls:
             outcome.reader = ReplyReader(outcome.calls, event_stream=is_stream)
         response = UpstreamStream(status=reply.status, reason=reply.reason, headers=headers)
@@ -301,7 +308,7 @@ async def _buffered(
     headers: CIMultiDict[str],
     outcome: _Outcome,
     timeout_seconds: float,
-) -> web.Response:
+) -> UpstreamResponse:
     """A small JSON reply of known length is read whole and sent in one write: most tools/call
     answers. Nothing has been sent yet when the upstream fails here, so the caller gets a 502."""
     try:
@@ -314,17 +321,13 @@ async def _buffered(
         raise BadGateway(outcome.error) from None
     outcome.size = len(body)
     if outcome.calls:
-        reader = outcome.reader = ReplyReader(outcome.calls, event_stream=False)
-        reader.read_body(body)
+        read_reply(outcome.calls, body)
         if _caller_gone(request):
             outcome.cancelled = True  # it waited for the upstream, then hung up
         else:
-            reader.delivered()
-    response = UpstreamResponse(
-        body=body, status=reply.status, reason=reply.reason, headers=headers
-    )
-    response.bare = "Content-Type" not in reply.headers
-    return response
+            for call in outcome.calls:
+                call.relayed = call.answered
+    return UpstreamResponse(body=body, status=reply.status, reason=reply.reason, headers=headers)
 
 
 async def _pump(
@@ -414,7 +417,7 @@ def _verdict(call: ToolCallSeen, outcome: _Outcome) -> str | None:
         text = f"upstream answered HTTP {outcome.status}"
         return f"{text}: {call.error}" if call.error else text
     reader = outcome.reader
-    if call.rid is None or reader is None or reader.blind or reader.resumable:
+    if call.rid is None or (reader is not None and (reader.blind or reader.resumable)):
         # A notification has no response; an unreadable reply is judged by its status; a
         # resumable stream may deliver the response on another request (2025-11-25 polling).
         return None
@@ -434,7 +437,7 @@ def _record(request: web.Request, upstream: Upstream, outcome: _Outcome, started
         error = _verdict(call, outcome)
         call_log.add(
             ToolCall(
-                uuid7(),
+                new_call_id(),
                 upstream.workspace_id,
                 upstream.id,
                 call.name,

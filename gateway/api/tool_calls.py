@@ -10,12 +10,11 @@ import pydantic
 from aiohttp import web
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from typing_extensions import TypedDict
-from uuid_utils.compat import uuid7  # time-ordered: new rows append to the primary key
 
 from gateway.api.models import Out, Page
 from gateway.api.routing import Routes, json_response, validation_detail
 from gateway.auth import PRINCIPAL, READ, USE
-from gateway.calllog import ToolCall, clean_text
+from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.db import tool_calls as tool_calls_db
 from gateway.errors import BadRequest, NotFound, ValidationFailed
 from gateway.keys import CALL_LOG, POOL, UPSTREAMS
@@ -161,7 +160,7 @@ async def ingest(request: web.Request) -> web.Response:
             clean_text(call.get("error_message")),
             now if (at := call.get("created_at")) is None else _utc(at),
         )
-        for call_id, call in ((uuid7(), call) for call in calls)
+        for call_id, call in ((new_call_id(), call) for call in calls)
     ]
     await app[CALL_LOG].write(records)
     items = [_stored(record, names[record.server_id]) for record in records]

@@ -15,12 +15,11 @@ import orjson
 from aiohttp import web
 from pydantic import Field, StringConstraints
 from referencing.exceptions import Unresolvable
-from uuid_utils.compat import uuid7
 
 from gateway.api.models import Body, Out
 from gateway.api.routing import Routes
 from gateway.auth import ADMIN, PRINCIPAL, READ
-from gateway.calllog import ToolCall, clean_text
+from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
 from gateway.keys import CALL_LOG, HTTP, SETTINGS, TOOL_LISTS, UPSTREAMS
 from gateway.mcp.client import McpError
@@ -211,7 +210,7 @@ def _log_row(upstream: Upstream, tool_name: str, outcome: _Outcome) -> ToolCall:
     failed = outcome.error is not None
     size = None if outcome.result is None else len(orjson.dumps(outcome.result))
     return ToolCall(
-        uuid7(),
+        new_call_id(),
         upstream.workspace_id,
         upstream.id,
         clean_text(tool_name) or UNNAMED_TOOL,

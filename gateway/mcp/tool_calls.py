@@ -35,14 +35,14 @@ _REQUEST_CANCELLED: Final = -32800
 class ToolCallSeen:
     """One `tools/call` of a request, and what its reply said about it."""
 
-    __slots__ = ("error", "name", "relayed", "rid")
+    __slots__ = ("answered", "error", "name", "relayed", "rid")
 
     def __init__(self, name: str, rid: Any) -> None:
         self.name = name
         # The JSON-RPC id; None for a call sent as a notification (nothing will answer it).
         self.rid = rid
-        # Why the call failed, according to its JSON-RPC response (None: it did not, or no
-        # response was read).
+        # Its response was read; `error` is why the call failed, according to it.
+        self.answered = False
         self.error: str | None = None
         # Its response was read and handed to the caller.
         self.relayed = False
@@ -67,7 +67,10 @@ def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
     # method shows literally; any escape (`tools\/call`, `\u0074ools/call`) might hide one.
     if b"tools/call" not in body and b"\\" not in body:
         return []
-    message = _loads(body)
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        message = _loads(body)
     if isinstance(message, dict):
         return [_seen(message)] if message.get("method") == TOOLS_CALL else []
     if isinstance(message, list):
@@ -110,36 +113,115 @@ def failed_result_text(result: dict[str, Any]) -> str:
     return shorten("\n".join(texts) or "the tool reported an error without a text")
 
 
-def _key(rid: Any) -> tuple[bool, Any]:
-    # 1 and "1" are different ids.
-    return isinstance(rid, str), rid
+def _response(message: Any) -> tuple[Any, str | None] | None:
+    """(id, why the call failed or None) of a JSON-RPC response; None for any other message
+    (a notification, a request from the server, something else)."""
+    if type(message) is not dict:
+        return None
+    error = message.get("error")
+    if type(error) is dict:
+        return message.get("id"), rpc_error_text(error)
+    if "result" not in message:
+        return None
+    result = message["result"]
+    if type(result) is dict and result.get("isError") is True:
+        return message.get("id"), failed_result_text(result)
+    return message.get("id"), None
+
+
+def _answers(response_id: Any, reason: str | None, rid: Any) -> bool:
+    # 1 and "1" (and True) are different ids. A refusal without an id (parse error, invalid
+    # request) answers every call of the request.
+    return (response_id == rid and type(response_id) is type(rid)) or (
+        response_id is None and reason is not None
+    )
+
+
+def read_reply(calls: list[ToolCallSeen], body: bytes) -> None:
+    """A whole JSON reply (one response, or a batch of them): marks the calls it answers."""
+    if len(calls) == 1:  # the usual case, without the bookkeeping
+        call = calls[0]
+        if _plain_result(body):
+            call.answered = True
+            return
+        message = _loads(body) if body else None
+        response = _response(message)
+        if response is not None and _answers(*response, call.rid):
+            call.answered, call.error = True, response[1]
+        return
+    message = _loads(body) if body else None
+    waiting = _Waiting(calls)
+    waiting.read(message)
+
+
+def _plain_result(body: bytes) -> bool:
+    """Whether a reply to one call is a result that cannot be a failure, seen without parsing
+    it (most replies): a JSON-RPC error needs an `"error"` key and a failed result `true`, a
+    literal no escape can spell; a backslash might hide the key, so such bodies are parsed.
+    (A result for another id would pass for ours: only a broken server sends one.)"""
+    return (
+        body[:1] == b"{"
+        and b'"result"' in body
+        and b'"error"' not in body
+        and b"true" not in body
+        and b"\\" not in body
+    )
+
+
+def _key(rid: Any) -> tuple[type, Any] | None:
+    """A dict key for an id; None for an id no response can be matched to (not a JSON scalar)."""
+    return (type(rid), rid) if isinstance(rid, str | int | float) else None
+
+
+class _Waiting:
+    """The calls of a request not answered yet, by id (a batch may hold thousands)."""
+
+    __slots__ = ("by_id", "read_now")
+
+    def __init__(self, calls: list[ToolCallSeen]) -> None:
+        self.by_id: dict[tuple[type, Any], list[ToolCallSeen]] = {}
+        for call in calls:
+            key = _key(call.rid)
+            if key is not None:
+                self.by_id.setdefault(key, []).append(call)
+        # Answered by what was read since the last look.
+        self.read_now: list[ToolCallSeen] = []
+
+    def read(self, message: Any) -> None:
+        if isinstance(message, list):  # a batch (only its top level: responses do not nest)
+            for item in message:
+                self._judge(item)
+        else:
+            self._judge(message)
+
+    def _judge(self, message: Any) -> None:
+        response = _response(message)
+        if response is None:
+            return
+        response_id, reason = response
+        if response_id is None and reason is not None:
+            calls = [call for waiting in self.by_id.values() for call in waiting]
+            self.by_id.clear()
+        else:
+            key = _key(response_id)
+            calls = [] if key is None else self.by_id.pop(key, [])
+        for call in calls:
+            call.answered, call.error = True, reason
+        self.read_now += calls
 
 
 class ReplyReader:
-    """Finds the responses to a request's `tools/call`s in the reply while it is relayed.
+    """Finds the responses to a request's `tools/call`s in a streamed reply while it is relayed.
 
     The proxy hands it every chunk before writing it to the caller (`feed`) and says when the
     write succeeded (`delivered`): a call's outcome is settled once its response reached the
     caller, whatever happens to the connection afterwards.
     """
 
-    __slots__ = (
-        "_answered",
-        "_body",
-        "_sse",
-        "_waiting",
-        "answered_at",
-        "blind",
-        "resumable",
-    )
+    __slots__ = ("_body", "_sse", "_waiting", "answered_at", "blind", "resumable")
 
     def __init__(self, calls: list[ToolCallSeen], *, event_stream: bool) -> None:
-        self._waiting: dict[tuple[bool, Any], list[ToolCallSeen]] = {}
-        for call in calls:
-            if call.rid is not None:
-                self._waiting.setdefault(_key(call.rid), []).append(call)
-        # Read, not yet delivered.
-        self._answered: list[ToolCallSeen] = []
+        self._waiting = _Waiting(calls)
         self._sse = SseParser(MAX_JUDGED_BYTES) if event_stream else None
         # A streamed JSON reply, gathered until it ends.
         self._body: bytearray | None = None
@@ -154,14 +236,10 @@ class ReplyReader:
     @property
     def done(self) -> bool:
         """Nothing left to look for: the rest of the reply is relayed without being read."""
-        return not self._waiting or self.blind
-
-    def read_body(self, body: bytes) -> None:
-        """A whole JSON reply: one response, or a batch of them."""
-        self._read(_loads(body) if body else None)
+        return not self._waiting.by_id or self.blind
 
     def feed(self, chunk: bytes) -> None:
-        """The next chunk of a streamed reply, before it is written to the caller."""
+        """The next chunk of the reply, before it is written to the caller."""
         if self.done:
             return
         if self._sse is None:
@@ -181,61 +259,27 @@ class ReplyReader:
         for event in events:
             # Priming events are empty; progress and log notifications are read and skipped.
             if event.data:
-                self._read(_loads(event.data))
-                if not self._waiting:
+                self._waiting.read(_loads(event.data))
+                if not self._waiting.by_id:
                     break
 
     def finish(self) -> None:
-        """The streamed reply ended (everything fed was written)."""
+        """The reply ended (everything fed was written)."""
         if self._body is not None and not self.done:
             body, self._body = bytes(self._body), None
-            self.read_body(body)
+            self._waiting.read(_loads(body))
 
     def delivered(self) -> None:
         """Everything fed so far has been handed to the caller."""
-        if self._answered:
-            for call in self._answered:
+        read_now = self._waiting.read_now
+        if read_now:
+            for call in read_now:
                 call.relayed = True
-            self._answered.clear()
-            if not self._waiting:
+            read_now.clear()
+            if not self._waiting.by_id:
                 self.answered_at = time.perf_counter()
 
     def _give_up(self) -> None:
         self.blind = True
         self._body = None
         self._sse = None
-
-    def _read(self, message: Any) -> None:
-        if isinstance(message, list):  # a batch (only its top level: responses do not nest)
-            for item in message:
-                self._judge(item)
-        else:
-            self._judge(message)
-
-    def _judge(self, message: Any) -> None:
-        if not isinstance(message, dict):
-            return
-        error = message.get("error")
-        if not isinstance(error, dict):
-            error = None
-            if "result" not in message:
-                return  # not a response: a notification, a request from the server
-        rid = message.get("id")
-        if rid is None and error is not None:
-            # The request as a whole was refused (parse error, invalid request).
-            calls = [call for waiting in self._waiting.values() for call in waiting]
-            self._waiting.clear()
-        else:
-            calls = self._waiting.pop(_key(rid), [])
-        if not calls:
-            return
-        reason = None
-        if error is not None:
-            reason = rpc_error_text(error)
-        else:
-            result = message.get("result")
-            if isinstance(result, dict) and result.get("isError") is True:
-                reason = failed_result_text(result)
-        for call in calls:
-            call.error = reason
-        self._answered.extend(calls)

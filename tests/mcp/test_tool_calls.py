@@ -12,6 +12,7 @@ from gateway.mcp.tool_calls import (
     MAX_JUDGED_BYTES,
     ReplyReader,
     ToolCallSeen,
+    read_reply,
     tool_calls_in,
 )
 
@@ -103,51 +104,90 @@ def response(rid: Any, *, error: dict[str, Any] | None = None, failed: bool = Fa
 
 
 def outcome(call: ToolCallSeen) -> tuple[bool, str | None]:
-    return call.relayed, call.error
+    return call.answered, call.error
 
 
-def test_a_json_reply_decides_each_call() -> None:
+def test_a_json_reply_decides_the_call() -> None:
     seen = calls(1)
-    reader = ReplyReader(seen, event_stream=False)
-    reader.read_body(orjson.dumps(response(1, failed=True)))
-    assert outcome(seen[0]) == (False, "it broke")  # read, not yet handed to the caller
-    reader.delivered()
+    read_reply(seen, orjson.dumps(response(1, failed=True)))
     assert outcome(seen[0]) == (True, "it broke")
-    assert reader.answered_at is not None
+    others = (response(2, failed=True), response("1", failed=True), response(True, failed=True))
+    for reply in (*others, {"jsonrpc": "2.0", "id": 1}):
+        seen = calls(1)
+        read_reply(seen, orjson.dumps(reply))
+        assert outcome(seen[0]) == (False, None), reply
+    seen = calls(1)
+    read_reply(seen, b"<html>a login page</html>")
+    assert outcome(seen[0]) == (False, None)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        response(1),
+        response(1, failed=True),
+        response(1, error={"code": 1, "message": "no"}),
+        rpc := {"jsonrpc": "2.0", "id": 1, "result": {"content": [], "isError": False}},
+        {**rpc, "result": {"content": [{"type": "text", "text": 'say "error" or true'}]}},
+        {**rpc, "result": {"isError": True}},
+        {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": "a\nb"}]}},
+    ],
+)
+@pytest.mark.parametrize("indent", [False, True])
+def test_reading_without_parsing_agrees_with_parsing(reply: Any, indent: bool) -> None:
+    """The shortcut for plain results decides exactly as reading the parsed reply does."""
+    body = orjson.dumps(reply, option=orjson.OPT_INDENT_2 if indent else 0)
+    seen = calls(1)
+    read_reply(seen, body)
+    failed = "error" in reply or reply["result"].get("isError") is True
+    assert seen[0].answered
+    assert (seen[0].error is not None) == failed
 
 
 def test_a_batch_reply_gives_each_call_its_own_response() -> None:
-    seen = calls(1, "1", 2, 3)
-    reader = ReplyReader(seen, event_stream=False)
+    seen = calls(1, "1", 2, 3, {"not": "an id"})
     reply = [
         response(3),
         response("1", error={"code": -32602, "message": "Invalid params: a is required"}),
         response(1, failed=True),
+        response({"not": "an id"}),
     ]
-    reader.read_body(orjson.dumps(reply))
-    reader.delivered()
+    read_reply(seen, orjson.dumps(reply))
     assert [outcome(call) for call in seen] == [
         (True, "it broke"),
         (True, "JSON-RPC error -32602: Invalid params: a is required"),
         (False, None),  # no response for 2
         (True, None),
+        (False, None),  # an id no response can be matched to
     ]
 
 
-def test_an_error_without_id_fails_every_call_waiting() -> None:
-    seen = calls(1, 2)
-    reader = ReplyReader(seen, event_stream=False)
-    reader.read_body(orjson.dumps(response(None, error={"code": -32700, "message": "Parse"})))
-    reader.delivered()
-    assert [outcome(call) for call in seen] == [(True, "JSON-RPC error -32700: Parse")] * 2
+@pytest.mark.parametrize("ids", [(1,), (1, 2)])
+def test_an_error_without_id_fails_every_call_of_the_request(ids: tuple[int, ...]) -> None:
+    seen = calls(*ids)
+    read_reply(seen, orjson.dumps(response(None, error={"code": -32700, "message": "Parse"})))
+    assert [outcome(call) for call in seen] == [(True, "JSON-RPC error -32700: Parse")] * len(ids)
+
+
+def test_a_cancelled_request_is_named_as_the_callers_doing() -> None:
+    seen = calls(1)
+    read_reply(
+        seen, orjson.dumps(response(1, error={"code": -32800, "message": "Request cancelled"}))
+    )
+    assert seen[0].error == (
+        "cancelled by the caller (the server confirmed: JSON-RPC error -32800: Request cancelled)"
+    )
 
 
 def test_reasons_are_shortened() -> None:
     seen = calls(1)
-    reader = ReplyReader(seen, event_stream=False)
     long = {"content": [{"type": "text", "text": "x" * 5000}], "isError": True}
-    reader.read_body(orjson.dumps({"jsonrpc": "2.0", "id": 1, "result": long}))
+    read_reply(seen, orjson.dumps({"jsonrpc": "2.0", "id": 1, "result": long}))
     assert seen[0].error is not None and len(seen[0].error) == MAX_ERROR_CHARS
+
+
+def relayed(call: ToolCallSeen) -> tuple[bool, str | None]:
+    return call.relayed, call.error
 
 
 def sse(*events: str) -> bytes:
@@ -176,9 +216,9 @@ def test_sse_the_response_is_the_event_with_the_id_after_notifications() -> None
     reader.delivered()
     assert outcome(seen[0]) == (False, None)  # not complete yet
     reader.feed(stream[cut:])
-    assert not seen[0].relayed  # read, but the write has not happened yet
+    assert relayed(seen[0]) == (False, "it broke")  # read, but not written to the caller yet
     reader.delivered()
-    assert outcome(seen[0]) == (True, "it broke")
+    assert relayed(seen[0]) == (True, "it broke")
     assert reader.done and reader.resumable
 
 
@@ -189,10 +229,10 @@ def test_a_streamed_json_reply_is_read_at_its_end() -> None:
     for i in range(0, len(body), 5):
         reader.feed(body[i : i + 5])
         reader.delivered()
-    assert not seen[0].relayed
+    assert not seen[0].answered
     reader.finish()
     reader.delivered()
-    assert outcome(seen[0]) == (True, "JSON-RPC error 1: no")
+    assert relayed(seen[0]) == (True, "JSON-RPC error 1: no")
 
 
 def test_a_reply_too_large_to_read_is_left_to_the_http_status() -> None:
@@ -203,4 +243,4 @@ def test_a_reply_too_large_to_read_is_left_to_the_http_status() -> None:
         reader.feed(chunk)
     reader.finish()
     reader.delivered()
-    assert reader.blind and outcome(seen[0]) == (False, None)
+    assert reader.blind and relayed(seen[0]) == (False, None)
