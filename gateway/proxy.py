@@ -475,10 +475,13 @@ async def preflight(request: web.Request, server_id: uuid.UUID) -> web.Response:
 
 
 async def _response_headers(request: web.Request, response: web.StreamResponse) -> None:
-    # Runs after aiohttp's defaults are in: an upstream reply without a Content-Type must not
-    # gain one.
-    if isinstance(response, (UpstreamResponse, UpstreamStream)) and response.bare:
-        response.headers.popall("Content-Type", None)
+    # Runs after aiohttp's defaults are in. An upstream's reply carries its own headers only
+    # (and HTTP's framing and Date): no aiohttp Server, no Content-Type it did not send.
+    if isinstance(response, (UpstreamResponse, UpstreamStream)):
+        headers = response.headers
+        headers.popall("Server", None)
+        if response.bare:
+            headers.popall("Content-Type", None)
     # Every response of the proxy routes, errors included, so a browser can read them.
     if "Origin" in request.headers and request.path.startswith(_PROXY_PREFIX):
         response.headers["Access-Control-Allow-Origin"] = "*"

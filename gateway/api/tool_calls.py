@@ -25,7 +25,9 @@ MAX_BATCH = 1000
 _INT32 = 2**31 - 1
 
 ToolName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=255)]
-Text = Annotated[str, StringConstraints(max_length=1000)]
+# Indexed with the workspace (and in the rollups' keys): PostgreSQL refuses index entries over
+# 2,704 bytes, which 1,000 characters of CJK text would reach.
+CallerAgent = Annotated[str, StringConstraints(max_length=255)]
 Count = Annotated[int, Field(ge=0, le=_INT32)]
 Status = Literal["success", "error"]
 
@@ -39,7 +41,7 @@ class ToolCallIn(TypedDict):
     server_id: uuid.UUID
     tool_name: ToolName
     status: Status
-    caller_agent: NotRequired[Text | None]
+    caller_agent: NotRequired[CallerAgent | None]
     duration_ms: NotRequired[Count | None]
     input_tokens: NotRequired[Count | None]
     output_tokens: NotRequired[Count | None]

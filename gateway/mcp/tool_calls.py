@@ -83,8 +83,9 @@ def _seen(message: dict[str, Any]) -> ToolCallSeen:
     name = params.get("name") if isinstance(params, dict) else None
     if not isinstance(name, str):
         return ToolCallSeen(UNNAMED_TOOL, message.get("id"))
-    # Cleaned first: cleaning may lengthen it (a bad byte becomes U+FFFD).
-    return ToolCallSeen((clean_text(name) or UNNAMED_TOOL)[:MAX_TOOL_NAME], message.get("id"))
+    if not name.isascii() or "\x00" in name:  # cleaned first: that may lengthen it
+        name = clean_text(name) or UNNAMED_TOOL
+    return ToolCallSeen(name[:MAX_TOOL_NAME] if name else UNNAMED_TOOL, message.get("id"))
 
 
 def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:

@@ -91,6 +91,9 @@ async def test_ingest_validation(api: Api, db: asyncpg.Connection) -> None:
         ("server_id", "nope"),
         ("created_at", "yesterday"),
         ("tool_name", ""),
+        ("tool_name", "t" * 256),
+        # Indexed: 256 CJK characters would come near PostgreSQL's bound on an index entry.
+        ("caller_agent", "漢" * 256),
     ]:
         body = {**tool_call(server_id), field: value}
         reply = await api.post("/tool-calls", json=body, auth=key, expect=422)
