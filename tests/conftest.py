@@ -191,3 +191,13 @@ def sdk_stateless() -> Iterator[str]:
     """Stateless SDK server answering with plain JSON."""
     with sdk_server(stateless=True, json_response=True) as url:
         yield url
+
+
+@pytest.fixture(
+    params=[(u, m) for u in ("sdk_stateful", "sdk_stateless") for m in ("legacy", "auto")],
+    ids=lambda param: "-".join(param),
+)
+def sdk_peer(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Each SDK server with the SDK client in each mode: (server URL, client mode)."""
+    upstream, mode = request.param
+    return request.getfixturevalue(upstream), mode

@@ -33,15 +33,14 @@ def outcomes(rows: list[Any]) -> list[tuple[str, str, str | None]]:
 # -- the official SDK client and server ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
-@pytest.mark.parametrize("upstream", ["sdk_stateful", "sdk_stateless"])
 async def test_sdk_traffic_is_logged_as_it_went(
-    api: Api, db: asyncpg.Connection, request: pytest.FixtureRequest, upstream: str, mode: str
+    api: Api, db: asyncpg.Connection, sdk_peer: tuple[str, str]
 ) -> None:
     """200 successful calls are 200 successes, however early the SDK client closes each
     response; a tool that raises and a call with bad arguments are errors with the server's
     own words."""
-    setup = await arrange(api, db, request.getfixturevalue(upstream))
+    url, mode = sdk_peer
+    setup = await arrange(api, db, url)
     async with sdk_client(setup.url, setup.key, mode) as client:
         for i in range(200):
             result = await client.call_tool("echo", {"text": f"call {i}"})
@@ -58,12 +57,11 @@ async def test_sdk_traffic_is_logged_as_it_went(
     assert "validation error" in rows[201]["error_message"]
 
 
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
-@pytest.mark.parametrize("upstream", ["sdk_stateful", "sdk_stateless"])
 async def test_a_call_the_sdk_client_gives_up_on_is_cancelled_by_the_caller(
-    api: Api, db: asyncpg.Connection, request: pytest.FixtureRequest, upstream: str, mode: str
+    api: Api, db: asyncpg.Connection, sdk_peer: tuple[str, str]
 ) -> None:
-    setup = await arrange(api, db, request.getfixturevalue(upstream))
+    url, mode = sdk_peer
+    setup = await arrange(api, db, url)
     async with sdk_client(setup.url, setup.key, mode) as client:
         with pytest.raises(MCPError, match="timed out"):
             await client.call_tool("slow", {"seconds": 1.0}, read_timeout_seconds=0.2)
@@ -234,11 +232,7 @@ async def test_hanging_up_after_the_response_is_not_an_error(
 
     async with recorder(script=lingering) as upstream:
         setup = await arrange(api, db, upstream.url)
-        async with api.client.post(
-            f"/api/v1{setup.path}",
-            json=call("quick"),
-            headers={"X-API-Key": setup.key, "Accept": ACCEPT},
-        ) as response:
+        async with setup.stream(call("quick")) as response:
             first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10)
             assert b'"ok"' in first
             response.close()
@@ -304,11 +298,7 @@ async def test_an_upstream_breaking_off_is_named_as_the_upstream(
     async with recorder(script=breaking) as upstream:
         setup = await arrange(api, db, upstream.url)
         for name in ("cut", "answered"):
-            async with api.client.post(
-                f"/api/v1{setup.path}",
-                json=call(name),
-                headers={"X-API-Key": setup.key, "Accept": ACCEPT},
-            ) as response:
+            async with setup.stream(call(name)) as response:
                 with pytest.raises(aiohttp.ClientPayloadError):  # the stream is cut off
                     await response.read()
     rows = await logged_calls(db, 2)

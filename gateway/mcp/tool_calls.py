@@ -24,7 +24,7 @@ MAX_TOOL_NAME: Final = 255
 MAX_ERROR_CHARS: Final = 1000
 # A reply (or one SSE event) larger than this is relayed without being read: its calls are
 # judged by the HTTP status alone. Errors are small; only results grow this large.
-MAX_JUDGED_BYTES: Final = 8 << 20
+MAX_JUDGED_BYTES: Final = 4 << 20
 
 CALLER_CANCELLED: Final = "cancelled by the caller"
 # The error a 2025-era SDK server answers a request with once the client cancelled it
