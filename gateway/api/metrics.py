@@ -41,7 +41,11 @@ class CallLogCollector(Collector):
                 "Tool calls lost: the queue was full, or shutdown gave up on the database",
                 stats.dropped,
             ),
-            ("tool_calls_rejected", "Tool calls PostgreSQL refused (bad data)", stats.rejected),
+            (
+                "tool_calls_rejected",
+                "Tool calls set aside: PostgreSQL refused them even on their own (bad data)",
+                stats.rejected,
+            ),
             ("call_log_batches", "Batches committed", stats.batches),
             ("call_log_failures", "Batch attempts that failed (and were retried)", stats.failures),
         )
