@@ -86,6 +86,20 @@ CREATE TABLE refresh_tokens (
 );
 CREATE INDEX refresh_tokens_family_idx ON refresh_tokens (family_id);
 
+-- Sign-ins of the dashboard: the browser holds the raw id in an HttpOnly cookie, only its hash
+-- is stored, so logging out (deleting the row) ends the session in every process at once.
+CREATE TABLE dashboard_sessions (
+    id_hash       text PRIMARY KEY,
+    user_id       uuid NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    -- The workspace the pages show; null once it is deleted (the next page lands at home).
+    workspace_id  uuid REFERENCES workspaces (id) ON DELETE SET NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    last_seen_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at    timestamptz NOT NULL
+);
+CREATE INDEX dashboard_sessions_user_idx ON dashboard_sessions (user_id);
+CREATE INDEX dashboard_sessions_expiry_idx ON dashboard_sessions (expires_at);
+
 CREATE TABLE api_keys (
     id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     workspace_id  uuid NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
@@ -421,4 +435,4 @@ CREATE TABLE alert_delivery_attempts (
     PRIMARY KEY (delivery_id, attempt)
 );
 
-INSERT INTO schema_version (version) VALUES (2);
+INSERT INTO schema_version (version) VALUES (3);

@@ -26,6 +26,7 @@ from gateway.auth import Authenticator
 from gateway.caches import Caches
 from gateway.calllog import CallLog
 from gateway.config import Settings
+from gateway.dashboard import setup_dashboard
 from gateway.db.pool import create_pool
 from gateway.db.schema import apply_schema
 from gateway.errors import error_middleware
@@ -166,5 +167,6 @@ def create_app(settings: Settings) -> web.Application:
     app[OPENAPI_DOCUMENT] = openapi.build_document(endpoints, service_version())
     openapi.add_docs_static(app)
     proxy.setup_response_headers(app)
+    setup_dashboard(app)
     app.cleanup_ctx.extend([_database, _call_log, _http_client, _shared_cache, _background_tasks])
     return app

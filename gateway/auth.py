@@ -142,7 +142,14 @@ class Authenticator:
         workspace_id = claims.workspace_id
         if access.path_workspace:
             workspace_id = path_uuid(request, "workspace_id", "workspace")
-        role = await self.role(workspace_id, claims.user_id)
+        return await self.authorize(claims.user_id, workspace_id, access)
+
+    async def authorize(
+        self, user_id: uuid.UUID, workspace_id: uuid.UUID, access: Access
+    ) -> Principal:
+        """The user acting in a workspace, if their role there is enough for `access` (the
+        API's bearer tokens and the dashboard's sessions alike)."""
+        role = await self.role(workspace_id, user_id)
         if access.min_role is not None:
             if role is None:
                 if access.path_workspace:
@@ -150,7 +157,7 @@ class Authenticator:
                 raise Forbidden("you are not a member of this workspace")
             if role.rank < access.min_role.rank:
                 raise Forbidden(f"this action requires the {access.min_role} role or higher")
-        return Principal(workspace_id=workspace_id, role=role, user_id=claims.user_id)
+        return Principal(workspace_id=workspace_id, role=role, user_id=user_id)
 
     def _key_principal(self, principal: Principal | None, access: Access) -> Principal:
         if principal is None:

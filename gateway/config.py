@@ -54,6 +54,8 @@ class Settings:
     proxy_timeout_seconds: float = 60.0
     health_retention_days: int = 90
     invite_ttl_days: int = 7
+    # A dashboard session ends after this long without a page view, and after 7 days anyway.
+    dashboard_session_hours: float = 12.0
     # Rate limit for login and signup, per client address and per email.
     auth_rate_limit: str = "10/minute"
     # Background loops (prober, alert evaluator, ...); tests switch them off to drive them by hand.
@@ -182,6 +184,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_PROXY_TIMEOUT_SECONDS": ("proxy_timeout_seconds", _positive_float),
     "GATEWAY_HEALTH_RETENTION_DAYS": ("health_retention_days", _positive_int),
     "GATEWAY_AUTH_RATE_LIMIT": ("auth_rate_limit", _rate_limit),
+    "GATEWAY_DASHBOARD_SESSION_HOURS": ("dashboard_session_hours", _positive_float),
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
 }
 

@@ -9,6 +9,8 @@ import asyncpg
 import orjson
 from aiohttp import web
 
+from gateway.keys import ERROR_PAGE
+
 log = logging.getLogger(__name__)
 
 
@@ -109,27 +111,40 @@ DATABASE_DOWN: tuple[type[BaseException], ...] = (
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+async def _error(
+    request: web.Request, status: int, detail: str, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
+    # The API (and the proxy) answer JSON; the dashboard's pages answer pages.
+    page = None if request.path.startswith("/api/") else request.app.get(ERROR_PAGE)
+    if page is not None:
+        return await page(request, status, detail, headers)
+    return json_error(status, detail, headers)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return json_error(exc.status, exc.detail, exc.headers)
+        return await _error(request, exc.status, exc.detail, exc.headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
-        return json_error(exc.status, _HTTP_DETAILS.get(exc.status, exc.reason.lower()), headers)
+        detail = _HTTP_DETAILS.get(exc.status, exc.reason.lower())
+        return await _error(request, exc.status, detail, headers)
     except asyncpg.UniqueViolationError as exc:
-        detail = _DUPLICATES.get(exc.constraint_name or "")
-        if detail is None:
+        duplicate = _DUPLICATES.get(exc.constraint_name or "")
+        if duplicate is None:
             log.exception("unexpected unique violation on %s %s", request.method, request.path)
-            return json_error(500, "internal server error")
-        return json_error(400, detail)
+            return await _error(request, 500, "internal server error")
+        return await _error(request, 400, duplicate)
     except DATABASE_DOWN as exc:
         # The database is briefly unreachable (restart, failover): tell clients to retry.
         log.warning("database unavailable on %s %s: %s", request.method, request.path, exc)
-        return json_error(503, "database unavailable, retry shortly", {"Retry-After": "1"})
+        return await _error(
+            request, 503, "database unavailable, retry shortly", {"Retry-After": "1"}
+        )
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_error(500, "internal server error")
+        return await _error(request, 500, "internal server error")

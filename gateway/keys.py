@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -39,4 +40,11 @@ SHARED_CACHE = web.AppKey("shared_cache", BaseCache)
 # The playground's upstream tool lists (kept in SHARED_CACHE).
 TOOL_LISTS: web.AppKey[ToolLists] = web.AppKey("tool_lists")
 ENDPOINTS: web.AppKey[list[Endpoint]] = web.AppKey("endpoints")
+# Each API handler function's endpoint: its access rules, for the dashboard's calls.
+ENDPOINT_OF: web.AppKey[dict[Callable[..., Any], Endpoint]] = web.AppKey("endpoint_of")
 OPENAPI_DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi_document")
+# Renders an error of a dashboard page (anything outside /api/) as a page: (request, status,
+# detail, headers). Without it every error is JSON.
+ERROR_PAGE: web.AppKey[
+    Callable[[web.Request, int, str, dict[str, str] | None], Awaitable[web.StreamResponse]]
+] = web.AppKey("error_page")

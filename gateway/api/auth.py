@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from datetime import datetime
 from typing import Any, Literal
 
 from aiohttp import web
 
+from gateway import accounts
 from gateway.api.models import Body, Email, Name, Out, Password, RoleName, UserOut
 from gateway.api.routing import Routes
 from gateway.auth import PRINCIPAL, SIGN_IN, USER
 from gateway.db import invites as invites_db
-from gateway.db import memberships as memberships_db
 from gateway.db import refresh_tokens as refresh_db
 from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
-from gateway.db.types import Connection, Executor
+from gateway.db.types import Executor
 from gateway.db.users import User
-from gateway.errors import BadRequest, Forbidden, NotFound, Unauthorized
-from gateway.keys import AUTHENTICATOR, POOL, RATE_LIMITER, SETTINGS
-from gateway.security.passwords import hash_password, verify_password
+from gateway.errors import NotFound, Unauthorized
+from gateway.keys import POOL, SETTINGS
 from gateway.security.tokens import AccessClaims, hash_token, issue_access_token, new_opaque_token
 
 routes = Routes("auth")
@@ -118,27 +116,6 @@ async def _issue_tokens(
     }
 
 
-async def _create_personal(conn: Connection, user: User) -> dict[str, Any]:
-    slug = f"{workspaces_db.slugify(user.name)[:40]}-{secrets.token_hex(3)}"
-    return await workspaces_db.create(
-        conn, user.id, f"{user.name}'s workspace", slug, personal=True
-    )
-
-
-async def _home_workspace(conn: Connection, user: User) -> dict[str, Any]:
-    """Where a login lands: the personal workspace, else the oldest membership, else (the
-    user was removed from everything, even their personal workspace) a new personal one."""
-    workspace = await workspaces_db.personal(conn, user.id)
-    if workspace is None:
-        workspaces = await workspaces_db.list_for_user(conn, user.id)
-        workspace = workspaces[0] if workspaces else await _create_personal(conn, user)
-    return workspace
-
-
-def _client_address(request: web.Request) -> str:
-    return request.remote or "unknown"
-
-
 @routes.post(
     "/auth/signup",
     summary="Create an account (and its personal workspace)",
@@ -150,31 +127,12 @@ def _client_address(request: web.Request) -> str:
 async def signup(request: web.Request, body: SignupIn) -> dict[str, Any]:
     """With `invite_token`, the invitation (for this same email) is accepted at once and the
     tokens are scoped to the inviting workspace; otherwise to the new personal workspace."""
-    await request.app[RATE_LIMITER].hit(f"ip:{_client_address(request)}", f"email:{body.email}")
-    pool = request.app[POOL]
-    if body.invite_token is not None:
-        invite = await invites_db.pending_by_token(pool, body.invite_token)
-        if invite is None:
-            raise NotFound("invitation not found, expired or already used")
-        if invite["email"] != body.email:
-            raise BadRequest("this invitation was sent to a different email address")
-    password_hash = await hash_password(body.password)
-    async with pool.acquire() as conn, conn.transaction():
-        user = await users_db.insert(conn, body.email, body.name, password_hash)
-        workspace = await _create_personal(conn, user)
-        if body.invite_token is not None:
-            workspace = await _join(conn, body.invite_token, user)
+    password_hash = await accounts.admit(request, body.email, body.password, body.invite_token)
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        user, workspace = await accounts.sign_up(
+            conn, body.email, body.name, password_hash, body.invite_token
+        )
         return await _issue_tokens(request, conn, user, workspace)
-
-
-async def _join(conn: Connection, token: str, user: User) -> dict[str, Any]:
-    accepted = await invites_db.accept(conn, token)
-    if accepted is None:
-        raise NotFound("invitation not found, expired or already used")
-    await memberships_db.add(conn, accepted["workspace_id"], user.id, accepted["role"])
-    workspace = await workspaces_db.get(conn, accepted["workspace_id"], user.id)
-    assert workspace is not None
-    return workspace
 
 
 @routes.post(
@@ -185,14 +143,9 @@ async def _join(conn: Connection, token: str, user: User) -> dict[str, Any]:
     errors=(401, 429),
 )
 async def login(request: web.Request, body: LoginIn) -> dict[str, Any]:
-    await request.app[RATE_LIMITER].hit(f"ip:{_client_address(request)}", f"email:{body.email}")
-    pool = request.app[POOL]
-    found = await users_db.by_email(pool, body.email)
-    if not await verify_password(found[1] if found else None, body.password) or found is None:
-        raise Unauthorized("invalid email or password")
-    user = found[0]
-    async with pool.acquire() as conn, conn.transaction():
-        return await _issue_tokens(request, conn, user, await _home_workspace(conn, user))
+    user = await accounts.log_in(request, body.email, body.password)
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        return await _issue_tokens(request, conn, user, await accounts.home_workspace(conn, user))
 
 
 @routes.post(
@@ -214,7 +167,7 @@ async def refresh(request: web.Request, body: RefreshIn) -> dict[str, Any]:
             user = None if session is None else await users_db.by_id(conn, session.user_id)
             if session is not None and user is not None:
                 workspace = await workspaces_db.get(conn, session.workspace_id, user.id)
-                workspace = workspace or await _home_workspace(conn, user)
+                workspace = workspace or await accounts.home_workspace(conn, user)
                 return await _issue_tokens(request, conn, user, workspace, session.family_id)
         await refresh_db.revoke_family_if_reused(conn, token_hash)
     raise Unauthorized("invalid, expired or already used refresh token")
@@ -278,15 +231,11 @@ async def accept_invite(request: web.Request, token: str) -> dict[str, Any]:
     returns tokens scoped to the workspace joined. An expired, revoked or used token is 404."""
     principal = request[PRINCIPAL]
     assert principal.user_id is not None
-    pool = request.app[POOL]
-    async with pool.acquire() as conn, conn.transaction():
+    async with request.app[POOL].acquire() as conn, conn.transaction():
         user = await users_db.by_id(conn, principal.user_id)
-        invite = await invites_db.pending_by_token(conn, token)
-        if invite is None or user is None:
+        if user is None:
             raise NotFound("invitation not found, expired or already used")
-        if invite["email"] != user.email:
-            raise Forbidden("this invitation was sent to a different email address")
-        workspace = await _join(conn, token, user)
+        workspace = await accounts.accept_invitation(request, conn, user, token)
         tokens = await _issue_tokens(request, conn, user, workspace)
-    request.app[AUTHENTICATOR].forget_membership(workspace["id"], user.id)
+    accounts.forget_membership(request, workspace, user)
     return tokens

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from gateway.auth import PRINCIPAL, Access, path_uuid, refuse_api_key
 from gateway.errors import BadRequest, ValidationFailed
-from gateway.keys import AUTHENTICATOR
+from gateway.keys import AUTHENTICATOR, ENDPOINT_OF
 
 API_PREFIX = "/api/v1"
 
@@ -230,12 +230,17 @@ def json_response(data: Any, status: int = 200) -> web.Response:
 
 
 def mount(app: web.Application, modules: Iterable[Routes]) -> list[Endpoint]:
-    """Add every endpoint under /api/v1; returns them for the OpenAPI document."""
+    """Add every endpoint under /api/v1; returns them for the OpenAPI document. ENDPOINT_OF
+    maps each handler function to its endpoint (the dashboard calls handlers under the same
+    access rules)."""
     endpoints = []
+    endpoint_of: dict[Callable[..., Any], Endpoint] = {}
     for routes in modules:
         for endpoint, fn in routes.endpoints:
             app.router.add_route(
                 endpoint.method, API_PREFIX + endpoint.path, _Handler(endpoint, fn).handle
             )
             endpoints.append(endpoint)
+            endpoint_of.setdefault(fn, endpoint)
+    app[ENDPOINT_OF] = endpoint_of
     return endpoints

@@ -68,6 +68,18 @@ LIMIT $5 OFFSET $6
 
 _COUNT_EVENTS = f"SELECT count(*) FROM alert_events e WHERE {_EVENT_FILTERS}"
 
+# Incidents still open (the dashboard's "is anything wrong?"): few rows, by the unique index's
+# predicate, newest first.
+_OPEN_INCIDENTS = f"""
+SELECT {_EVENT_COLUMNS}, r.metric, r.operator, r.threshold
+FROM alert_events e
+JOIN alert_rules r ON r.id = e.rule_id
+JOIN servers s ON s.id = e.server_id
+WHERE e.workspace_id = $1 AND e.event_type = 'FIRING' AND e.resolved_at IS NULL
+ORDER BY e.fired_at DESC
+LIMIT 100
+"""
+
 _GET_EVENT = f"""
 SELECT {_EVENT_COLUMNS}
 FROM alert_events e
@@ -148,6 +160,11 @@ async def list_events(
     rows = await db.fetch(_LIST_EVENTS, *filters, limit, offset)
     total: int = await db.fetchval(_COUNT_EVENTS, *filters)
     return [dict(r) for r in rows], total
+
+
+async def open_incidents(db: Executor, workspace_id: uuid.UUID) -> list[dict[str, Any]]:
+    """FIRING events not resolved yet, with their rule's condition, newest first."""
+    return [dict(r) for r in await db.fetch(_OPEN_INCIDENTS, workspace_id)]
 
 
 async def get_event(

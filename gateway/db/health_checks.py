@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -243,3 +243,31 @@ async def prune(pool: asyncpg.Pool, older_than: datetime, batch_size: int) -> in
             await conn.execute(_DROP_EMPTY_HOURS, row["empty_servers"], row["empty_hours"])
         deleted: int = row["deleted"]
         return deleted
+
+
+# The mean probe latency per server and hour of the last $2 hours (health_hourly: one row per
+# server and hour); hours without checks are absent.
+_HOURLY_LATENCY = """
+SELECT h.server_id, h.hour, h.latency_sum / (h.healthy + h.degraded + h.down) AS latency_ms
+FROM health_hourly h JOIN servers s ON s.id = h.server_id
+WHERE s.workspace_id = $1 AND h.hour > date_trunc('hour', now()) - $2 * interval '1 hour'
+  AND h.healthy + h.degraded + h.down > 0
+"""
+
+
+async def hourly_latency(
+    db: Executor, workspace_id: uuid.UUID, hours: int
+) -> tuple[list[datetime], dict[uuid.UUID, list[float | None]]]:
+    """The last `hours` UTC hours (the current one last) and, per server with checks in them,
+    its mean probe latency in each (None where it had none)."""
+    now = datetime.now(UTC)
+    current = now.replace(minute=0, second=0, microsecond=0)
+    axis = [current - timedelta(hours=hours - 1 - i) for i in range(hours)]
+    index = {hour: i for i, hour in enumerate(axis)}
+    series: dict[uuid.UUID, list[float | None]] = {}
+    for row in await db.fetch(_HOURLY_LATENCY, workspace_id, hours):
+        position = index.get(row["hour"])
+        if position is not None:
+            values = series.setdefault(row["server_id"], [None] * hours)
+            values[position] = row["latency_ms"]
+    return axis, series

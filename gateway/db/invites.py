@@ -47,8 +47,9 @@ RETURNING id, workspace_id, email, role
 """
 
 _PENDING_BY_TOKEN = """
-SELECT id, workspace_id, email, role FROM invites
-WHERE token = $1 AND status = 'pending' AND expires_at > now()
+SELECT i.id, i.workspace_id, w.name AS workspace_name, i.email, i.role
+FROM invites i JOIN workspaces w ON w.id = i.workspace_id
+WHERE i.token = $1 AND i.status = 'pending' AND i.expires_at > now()
 """
 
 

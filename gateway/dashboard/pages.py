@@ -1,0 +1,268 @@
+"""Declaring dashboard pages: who may see them, their template, CSRF on every POST, and calls
+into the API's own handler functions under the same role rules as the API.
+
+A page is `async def view(request) -> dict | web.StreamResponse`: a dict is the context of
+its template. Pages never call the API over HTTP; `call(request, api_handler, ...)` runs the
+handler function itself after checking the role its route declares (gateway.api.routing).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import aiohttp_jinja2
+import pydantic
+from aiohttp import web
+from multidict import MultiDictProxy
+
+from gateway import accounts
+from gateway.auth import PRINCIPAL, Role
+from gateway.dashboard import sessions
+from gateway.db import dashboard_sessions as sessions_db
+from gateway.db import users as users_db
+from gateway.db import workspaces as workspaces_db
+from gateway.db.users import User
+from gateway.errors import ApiError, Forbidden
+from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, POOL
+
+View = Callable[[web.Request], Awaitable[dict[str, Any] | web.StreamResponse]]
+T = TypeVar("T")
+
+FORM = web.RequestKey("dashboard_form", MultiDictProxy[Any])
+# The signed-in user's role in the workspace the pages show.
+ROLE = web.RequestKey("dashboard_role", Role)
+
+# Every dashboard response: no inline script or style, no framing, no sniffing.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+@dataclass
+class Pages:
+    """The pages of one dashboard module, mounted by gateway.dashboard."""
+
+    routes: web.RouteTableDef = field(default_factory=web.RouteTableDef)
+
+    def get(
+        self, path: str, template: str | None = None, *, signed_in: bool = True
+    ) -> Callable[[View], View]:
+        return self._add("GET", path, template, signed_in)
+
+    def post(
+        self, path: str, template: str | None = None, *, signed_in: bool = True
+    ) -> Callable[[View], View]:
+        return self._add("POST", path, template, signed_in)
+
+    def _add(
+        self, method: str, path: str, template: str | None, signed_in: bool
+    ) -> Callable[[View], View]:
+        def decorate(view: View) -> View:
+            self.routes.route(method, path)(_wrap(view, template, signed_in))
+            return view
+
+        return decorate
+
+
+def _wrap(
+    view: View, template: str | None, signed_in: bool
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    @functools.wraps(view)
+    async def handle(request: web.Request) -> web.StreamResponse:
+        session = await sessions.current(request)
+        if session is not None:
+            request[sessions.SESSION] = await _in_workspace(request, session)
+        elif signed_in:
+            return redirect(login_url(request))
+        if request.method == "POST":
+            form = await request.post()
+            request[FORM] = form
+            if not sessions.valid_csrf(request, _text(form.get(sessions.CSRF_FIELD))):
+                raise Forbidden(
+                    "this form has expired or did not come from this site: reload the page "
+                    "and send it again"
+                )
+        result = await view(request)
+        if isinstance(result, web.StreamResponse):
+            response = result
+        else:
+            assert template is not None, f"{view.__name__} returns a context but has no template"
+            response = await render(request, template, result)
+        sessions.keep_form_cookie(request, response)
+        return response
+
+    return handle
+
+
+async def render(
+    request: web.Request, template: str, context: Mapping[str, Any], status: int = 200
+) -> web.Response:
+    response = aiohttp_jinja2.render_template(
+        template, request, {**await _common(request), **context}, status=status
+    )
+    secure(response)
+    # Pages show a tenant's data: never kept by a shared cache or the back button's.
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def secure(response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
+
+
+async def _in_workspace(request: web.Request, session: Any) -> Any:
+    """The session as the pages use it: its workspace one the user still belongs to (else
+    their home workspace, remembered), their role there in ROLE."""
+    authenticator = request.app[AUTHENTICATOR]
+    role = None
+    if session.workspace_id is not None:
+        role = await authenticator.role(session.workspace_id, session.user_id)
+    if role is None:
+        user = User(session.user_id, session.email, session.name)
+        async with request.app[POOL].acquire() as conn, conn.transaction():
+            home = await accounts.home_workspace(conn, user)
+        await sessions_db.switch(request.app[POOL], session.id_hash, home["id"])
+        session = sessions_db.DashboardSession(
+            session.id_hash, session.user_id, session.email, session.name, home["id"]
+        )
+        role = Role(home["role"])
+    request[ROLE] = role
+    return session
+
+
+async def _common(request: web.Request) -> dict[str, Any]:
+    session = request.get(sessions.SESSION)
+    context: dict[str, Any] = {
+        "csrf_token": sessions.csrf_token(request),
+        "path": request.path,
+        "section": "",
+        "user": None,
+        "workspaces": [],
+        "workspace": None,
+        "role": None,
+        "can_admin": False,
+        "is_owner": False,
+    }
+    if session is None:
+        return context
+    workspaces = await workspaces_db.list_for_user(request.app[POOL], session.user_id)
+    role = request[ROLE]
+    context.update(
+        user=session,
+        workspaces=workspaces,
+        workspace=next((w for w in workspaces if w["id"] == session.workspace_id), None),
+        role=role,
+        can_admin=role.rank >= Role.ADMIN.rank,
+        is_owner=role is Role.OWNER,
+    )
+    return context
+
+
+async def call(request: web.Request, handler: Callable[..., Awaitable[T]], **kwargs: Any) -> T:
+    """Run an API handler function for the signed-in user, after the role check its route
+    declares: a member is refused an admin's action here exactly as over HTTP."""
+    endpoint = request.app[ENDPOINT_OF][handler]
+    session = request[sessions.SESSION]
+    access = endpoint.access
+    workspace_id = kwargs["workspace_id"] if access.path_workspace else session.workspace_id
+    assert workspace_id is not None  # set by _in_workspace for every signed-in page
+    request[PRINCIPAL] = await request.app[AUTHENTICATOR].authorize(
+        session.user_id, workspace_id, access
+    )
+    return await handler(request, **kwargs)
+
+
+async def signed_in_user(request: web.Request) -> User:
+    session = request[sessions.SESSION]
+    user = await users_db.by_id(request.app[POOL], session.user_id)
+    if user is None:
+        raise web.HTTPSeeOther("/login")
+    return user
+
+
+# -- forms ------------------------------------------------------------------------------------
+
+
+class FormInvalid(Exception):
+    """A form's values were refused: the message of each field that was, by field name (""
+    for the form as a whole)."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = errors
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def form(request: web.Request) -> MultiDictProxy[Any]:
+    return request[FORM]
+
+
+def field_text(request: web.Request, name: str) -> str:
+    """A form field's text ("" when absent), as typed."""
+    return _text(request[FORM].get(name)) or ""
+
+
+def validated(model: type[pydantic.BaseModel], values: Mapping[str, Any]) -> Any:
+    """The API's own request model filled from a form (its text converted: "5" is 5 here, as
+    a form can send nothing else); FormInvalid names each bad field."""
+    try:
+        return model.model_validate(dict(values), strict=False)
+    except pydantic.ValidationError as exc:
+        errors: dict[str, str] = {}
+        for error in exc.errors(include_url=False):
+            name = ".".join(str(part) for part in error["loc"]) or ""
+            errors.setdefault(name, error["msg"])
+        raise FormInvalid(errors) from None
+
+
+def api_errors(exc: ApiError) -> dict[str, str]:
+    """An API error as form errors: `body.<field>: <message>` parts go next to their field,
+    anything else above the form."""
+    errors: dict[str, str] = {}
+    for part in exc.detail.split("; "):
+        where, colon, message = part.partition(": ")
+        if colon and where.startswith("body."):
+            errors.setdefault(where.removeprefix("body."), message)
+        else:
+            errors[""] = f"{errors[''] + ' ' if '' in errors else ''}{part}"
+    return errors
+
+
+def parse_uuid(raw: str | None) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def redirect(location: str) -> web.Response:
+    """A 303 to another page of the dashboard (a response, so it can carry cookies)."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+def login_url(request: web.Request) -> str:
+    """The login page, coming back here after signing in."""
+    if request.method != "GET" or request.path == "/":
+        return "/login"
+    return f"/login?next={quote(request.path_qs, safe='/')}"
+
+
+def safe_next(target: str | None) -> str:
+    """Only a path of this site: never an open redirect (`//evil`, `/\\evil`, `https://`)."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+        return "/"
+    return target

@@ -1,0 +1,5 @@
+"""TODO"""
+
+from gateway.dashboard.pages import Pages
+
+pages = Pages()

@@ -1,0 +1,46 @@
+// mcp-gateway dashboard: small enhancements; every page works without them.
+"use strict";
+
+document.addEventListener("DOMContentLoaded", () => {
+  // Times are rendered in UTC; show them in the browser's time zone.
+  const format = new Intl.DateTimeFormat(undefined, {
+    year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
+  });
+  for (const node of document.querySelectorAll("time[datetime]")) {
+    const moment = new Date(node.getAttribute("datetime"));
+    if (!Number.isNaN(moment.getTime())) {
+      node.title = node.textContent;
+      node.textContent = format.format(moment);
+    }
+  }
+
+  // The workspace switcher switches as soon as another workspace is chosen.
+  for (const select of document.querySelectorAll("select[data-autosubmit]")) {
+    select.addEventListener("change", () => select.form.submit());
+  }
+  for (const button of document.querySelectorAll("[data-hide-with-js]")) {
+    button.hidden = true;
+  }
+
+  // Copy buttons (the API key shown once).
+  for (const button of document.querySelectorAll("button[data-copy]")) {
+    button.hidden = false;
+    button.addEventListener("click", async () => {
+      const source = document.getElementById(button.dataset.copy);
+      try {
+        await navigator.clipboard.writeText(source.value || source.textContent);
+        button.textContent = "Copied";
+      } catch {
+        source.select?.();
+        button.textContent = "Press Ctrl+C to copy";
+      }
+    });
+  }
+
+  // Destructive buttons ask first.
+  for (const form of document.querySelectorAll("form[data-confirm]")) {
+    form.addEventListener("submit", (event) => {
+      if (!window.confirm(form.dataset.confirm)) event.preventDefault();
+    });
+  }
+});
