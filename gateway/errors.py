@@ -67,7 +67,7 @@ class GatewayTimeout(ApiError):
 
 
 # Unique constraints a client can trip; their names come from schema.sql.
-_DUPLICATES = {
+DUPLICATES = {
     "users_email_key": "a user with this email already exists",
     "workspaces_slug_key": "a workspace with this slug already exists",
     "servers_workspace_id_name_key": "a server with this name already exists in this workspace",
@@ -134,7 +134,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         detail = _HTTP_DETAILS.get(exc.status, exc.reason.lower())
         return await _error(request, exc.status, detail, headers)
     except asyncpg.UniqueViolationError as exc:
-        duplicate = _DUPLICATES.get(exc.constraint_name or "")
+        duplicate = DUPLICATES.get(exc.constraint_name or "")
         if duplicate is None:
             log.exception("unexpected unique violation on %s %s", request.method, request.path)
             return await _error(request, 500, "internal server error")

@@ -1,5 +1,85 @@
-"""TODO"""
+"""Analytics: top tools, error rate, latency percentiles and volume over 1, 7 or 30 days, for
+the workspace or one server (the API's cached answers from the hourly rollups)."""
 
-from gateway.dashboard.pages import Pages
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from gateway.api import analytics as analytics_api
+from gateway.api import servers as servers_api
+from gateway.api.analytics import AnalyticsQuery, TopToolsQuery
+from gateway.api.servers import ServerQuery
+from gateway.dashboard import charts
+from gateway.dashboard.pages import FormInvalid, Pages, call, validated
 
 pages = Pages()
+
+DAYS = (1, 7, 30)
+
+
+def _hour(value: datetime | str) -> datetime:
+    # A cached answer comes back as JSON: its hours are ISO strings.
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+@pages.get("/analytics", "analytics.html")
+async def analytics(request: web.Request) -> dict[str, Any]:
+    filters = {k: v for k in ("days", "server_id") if (v := request.query.get(k, "").strip())}
+    servers = await call(request, servers_api.list_servers, query=ServerQuery())
+    context: dict[str, Any] = {
+        "section": "analytics",
+        "filters": filters,
+        "servers": servers,
+        "days_choices": DAYS,
+        "errors": {},
+    }
+    try:
+        query = validated(AnalyticsQuery, filters)
+    except FormInvalid as exc:
+        context["errors"] = exc.errors
+        return context
+    top = await call(
+        request, analytics_api.top_tools, query=TopToolsQuery(**query.model_dump(), limit=10)
+    )
+    rates = await call(request, analytics_api.error_rates, query=query)
+    latency = await call(request, analytics_api.latency, query=query)
+    hours = [_hour(item["hour"]) for item in rates]
+    counts = [item["call_count"] for item in rates]
+    errors = [round(item["error_rate"] * item["call_count"]) for item in rates]
+    total = sum(counts)
+    span = f"last {query.days * 24} hours" if query.days == 1 else f"last {query.days} days"
+    context.update(
+        days=query.days,
+        span=span,
+        top=top,
+        top_max=max((t["call_count"] for t in top), default=0),
+        total=total,
+        error_total=sum(errors),
+        error_rate=sum(errors) / total if total else None,
+        volume_chart=charts.bars(hours, counts, label=f"calls per hour, {span}", unit=" calls"),
+        volume_peak=max(counts, default=0),
+        error_chart=charts.bars(
+            hours,
+            [item["error_rate"] * 100 for item in rates],
+            label=f"error rate per hour, {span}",
+            unit=" %",
+            css="bar-error",
+        ),
+        error_peak=max((item["error_rate"] * 100 for item in rates), default=0),
+        latency_chart=charts.lines(
+            hours,
+            {
+                "p50": [item["p50_ms"] for item in latency],
+                "p95": [item["p95_ms"] for item in latency],
+                "p99": [item["p99_ms"] for item in latency],
+            },
+            label=f"latency percentiles per hour, {span}",
+            unit=" ms",
+        ),
+        latency_peak=charts.peak([item["p99_ms"] for item in latency]),
+        first_hour=hours[0] if hours else None,
+    )
+    return context

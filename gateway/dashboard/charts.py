@@ -109,7 +109,7 @@ def lines(
             x, y = i * step, _HEIGHT - 2 - value / top * (_HEIGHT - 4)
             points.append(f"{_fmt(x)},{_fmt(y)}")
             parts.append(
-                f'<circle class="point point-{index}" cx="{_fmt(x)}" cy="{_fmt(y)}" r="2">'
+                f'<circle class="point point-{index}" cx="{_fmt(x)}" cy="{_fmt(y)}" r="1.8">'
                 f"<title>{escape(name)} {_hour(hours[i])}: {escape(_fmt(value))}{escape(unit)}"
                 "</title></circle>"
             )

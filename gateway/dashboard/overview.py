@@ -3,20 +3,20 @@ open alerts."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 
-from gateway.api import analytics as analytics_api
 from gateway.api import health as health_api
 from gateway.api import servers as servers_api
-from gateway.api.analytics import AnalyticsQuery
 from gateway.api.health import SummaryQuery
 from gateway.api.servers import ServerQuery
 from gateway.dashboard import charts
 from gateway.dashboard.pages import Pages, call
 from gateway.dashboard.sessions import SESSION
 from gateway.db import alerts as alerts_db
+from gateway.db import analytics as analytics_db
 from gateway.db import health_checks as health_db
 from gateway.keys import POOL
 
@@ -35,7 +35,11 @@ async def overview(request: web.Request) -> dict[str, Any]:
         for item in await call(request, health_api.summary, query=SummaryQuery(days=1))
     }
     _, latencies = await health_db.hourly_latency(request.app[POOL], workspace_id, 24)
-    hourly = await call(request, analytics_api.error_rates, query=AnalyticsQuery(days=1))
+    # Live, not the API's 5-minute cache: this is the page people look at after a change.
+    last_day = analytics_db.Scope(
+        workspace_id, None, analytics_db.Window.of_days(1, datetime.now(UTC))
+    )
+    hourly = await analytics_db.error_rates(request.app[POOL], last_day)
     incidents = await alerts_db.open_incidents(request.app[POOL], workspace_id)
     calls = sum(h["call_count"] for h in hourly)
     errors = sum(round(h["error_rate"] * h["call_count"]) for h in hourly)

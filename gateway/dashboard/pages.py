@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp_jinja2
 import pydantic
@@ -27,7 +27,7 @@ from gateway.db import dashboard_sessions as sessions_db
 from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
 from gateway.db.users import User
-from gateway.errors import ApiError, Forbidden
+from gateway.errors import ApiError, Forbidden, NotFound
 from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, POOL
 
 View = Callable[[web.Request], Awaitable[dict[str, Any] | web.StreamResponse]]
@@ -169,17 +169,25 @@ async def _common(request: web.Request) -> dict[str, Any]:
     return context
 
 
-async def call(request: web.Request, handler: Callable[..., Awaitable[T]], **kwargs: Any) -> T:
-    """Run an API handler function for the signed-in user, after the role check its route
-    declares: a member is refused an admin's action here exactly as over HTTP."""
-    endpoint = request.app[ENDPOINT_OF][handler]
+async def authorize(
+    request: web.Request, handler: Callable[..., Awaitable[Any]], **kwargs: Any
+) -> None:
+    """The role check of an API handler's route, without running it: a form page is refused
+    as its action would be, and a POST refused before its values are judged (a member learns
+    nothing about what the form would accept)."""
+    access = request.app[ENDPOINT_OF][handler].access
     session = request[sessions.SESSION]
-    access = endpoint.access
     workspace_id = kwargs["workspace_id"] if access.path_workspace else session.workspace_id
     assert workspace_id is not None  # set by _in_workspace for every signed-in page
     request[PRINCIPAL] = await request.app[AUTHENTICATOR].authorize(
         session.user_id, workspace_id, access
     )
+
+
+async def call(request: web.Request, handler: Callable[..., Awaitable[T]], **kwargs: Any) -> T:
+    """Run an API handler function for the signed-in user, after the role check its route
+    declares: a member is refused an admin's action here exactly as over HTTP."""
+    await authorize(request, handler, **kwargs)
     return await handler(request, **kwargs)
 
 
@@ -225,7 +233,8 @@ def validated(model: type[pydantic.BaseModel], values: Mapping[str, Any]) -> Any
         errors: dict[str, str] = {}
         for error in exc.errors(include_url=False):
             name = ".".join(str(part) for part in error["loc"]) or ""
-            errors.setdefault(name, error["msg"])
+            # pydantic prefixes the message of a validator's ValueError: not for people.
+            errors.setdefault(name, error["msg"].removeprefix("Value error, "))
         raise FormInvalid(errors) from None
 
 
@@ -242,11 +251,45 @@ def api_errors(exc: ApiError) -> dict[str, str]:
     return errors
 
 
+def path_id(request: web.Request, name: str, what: str) -> uuid.UUID:
+    """An id from the path; a malformed one is simply not found, as in the API."""
+    found = parse_uuid(request.match_info[name])
+    if found is None:
+        raise NotFound(f"{what} not found")
+    return found
+
+
 def parse_uuid(raw: str | None) -> uuid.UUID | None:
     try:
         return uuid.UUID(raw) if raw else None
     except ValueError:
         return None
+
+
+PAGE_SIZE = 50
+
+
+def page_url(path: str, params: Mapping[str, str], offset: int, anchor: str = "") -> str:
+    """A list page with its filters (empty ones left out) at an offset."""
+    query = {name: value for name, value in params.items() if value}
+    if offset:
+        query["offset"] = str(offset)
+    return f"{path}?{urlencode(query)}{anchor}" if query else f"{path}{anchor}"
+
+
+def pager(
+    path: str, params: Mapping[str, str], offset: int, shown: int, total: int, anchor: str = ""
+) -> dict[str, Any]:
+    """What the `pager` macro shows: this page's range and links to its neighbours."""
+    return {
+        "first": offset + 1 if shown else 0,
+        "last": offset + shown,
+        "total": total,
+        "previous": page_url(path, params, max(offset - PAGE_SIZE, 0), anchor) if offset else None,
+        "next": page_url(path, params, offset + PAGE_SIZE, anchor)
+        if offset + shown < total
+        else None,
+    }
 
 
 def redirect(location: str) -> web.Response:

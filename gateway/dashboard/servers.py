@@ -1,5 +1,328 @@
-"""TODO"""
+"""Servers: the registry with its filters, registering and editing (credentials go in, never
+come back out), a server's probes, and the tool playground."""
 
-from gateway.dashboard.pages import Pages
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from gateway.api import health as health_api
+from gateway.api import servers as servers_api
+from gateway.api import tools as tools_api
+from gateway.api.health import ChecksQuery
+from gateway.api.servers import ServerIn, ServerPatch, ServerQuery
+from gateway.api.tools import InvokeIn
+from gateway.dashboard.pages import (
+    FormInvalid,
+    Pages,
+    api_errors,
+    authorize,
+    call,
+    field_text,
+    path_id,
+    redirect,
+    render,
+    validated,
+)
+from gateway.errors import ApiError, BadGateway, GatewayTimeout
 
 pages = Pages()
+
+AUTH_TYPES = {"": "None", "bearer": "Bearer token", "api_key": "API key header", "basic": "Basic"}
+# The form's credential inputs for each auth_type, by the API's field names.
+_CREDENTIAL_FIELDS = {
+    "bearer": ("token",),
+    "api_key": ("header_name", "header_value"),
+    "basic": ("username", "password"),
+}
+STATUSES = ("healthy", "degraded", "down", "unknown")
+
+
+@pages.get("/servers", "servers.html")
+async def server_list(request: web.Request) -> dict[str, Any]:
+    filters = {k: v for k in ("status", "tag", "search") if (v := request.query.get(k, "").strip())}
+    try:
+        query = validated(ServerQuery, filters)
+    except FormInvalid as exc:
+        return {
+            "section": "servers",
+            "servers": [],
+            "filters": filters,
+            "statuses": STATUSES,
+            "errors": exc.errors,
+        }
+    servers = await call(request, servers_api.list_servers, query=query)
+    return {
+        "section": "servers",
+        "servers": servers,
+        "filters": filters,
+        "statuses": STATUSES,
+        "errors": {},
+    }
+
+
+# -- register and edit ------------------------------------------------------------------------
+
+
+def _submitted(request: web.Request) -> dict[str, Any]:
+    """The form as the API's body: tags split, the credentials of the chosen auth_type."""
+    values: dict[str, Any] = {
+        name: field_text(request, name) for name in ("name", "url", "description")
+    }
+    values["tags"] = [t.strip() for t in field_text(request, "tags").split(",") if t.strip()]
+    auth_type = field_text(request, "auth_type") or None
+    values["auth_type"] = auth_type
+    if auth_type in _CREDENTIAL_FIELDS:
+        typed = {name: field_text(request, name) for name in _CREDENTIAL_FIELDS[auth_type]}
+        # Empty on an edit: keep the stored ones (they are never shown, so never refilled).
+        values["auth_credentials"] = typed if any(typed.values()) else None
+    return values
+
+
+def _shown(values: dict[str, Any]) -> dict[str, Any]:
+    """What a form shows again: never a credential."""
+    return {
+        "name": values.get("name", ""),
+        "url": values.get("url", ""),
+        "description": values.get("description", ""),
+        "tags": ", ".join(values.get("tags") or []),
+        "auth_type": values.get("auth_type") or "",
+    }
+
+
+def _form_context(
+    values: dict[str, Any], errors: dict[str, str], server: dict[str, Any] | None
+) -> dict[str, Any]:
+    # Credentials are named auth_credentials.<field> in the API's messages.
+    errors = {k.removeprefix("auth_credentials."): v for k, v in errors.items()}
+    return {
+        "section": "servers",
+        "values": _shown(values),
+        "errors": errors,
+        "server": server,
+        "auth_types": AUTH_TYPES,
+    }
+
+
+@pages.get("/servers/new", "server_form.html")
+async def new_server_form(request: web.Request) -> dict[str, Any]:
+    await authorize(request, servers_api.create_server)
+    return _form_context({}, {}, None)
+
+
+@pages.post("/servers/new")
+async def register_server(request: web.Request) -> web.StreamResponse:
+    await authorize(request, servers_api.create_server)
+    values = _submitted(request)
+    try:
+        body = validated(ServerIn, values)
+        created = await call(request, servers_api.create_server, body=body)
+    except FormInvalid as exc:
+        return await _form_page(request, values, exc.errors, 422, None)
+    except ApiError as exc:
+        if exc.status not in (400, 422):
+            raise
+        return await _form_page(request, values, api_errors(exc), exc.status, None)
+    return redirect(f"/servers/{created['id']}")
+
+
+@pages.get("/servers/{server_id}/edit", "server_form.html")
+async def edit_server_form(request: web.Request) -> dict[str, Any]:
+    await authorize(request, servers_api.update_server)
+    server = await _server(request)
+    return _form_context(server, {}, server)
+
+
+@pages.post("/servers/{server_id}/edit")
+async def edit_server(request: web.Request) -> web.StreamResponse:
+    server_id = path_id(request, "server_id", "server")
+    await authorize(request, servers_api.update_server)
+    values = _submitted(request)
+    try:
+        # An auth_type of None clears the stored credentials, as in the API.
+        body = validated(ServerPatch, values)
+        await call(request, servers_api.update_server, server_id=server_id, body=body)
+    except FormInvalid as exc:
+        server = await _server(request)
+        return await _form_page(request, values, exc.errors, 422, server)
+    except ApiError as exc:
+        if exc.status not in (400, 422):
+            raise
+        server = await _server(request)
+        return await _form_page(request, values, api_errors(exc), exc.status, server)
+    return redirect(f"/servers/{server_id}")
+
+
+@pages.post("/servers/{server_id}/delete")
+async def delete_server(request: web.Request) -> web.StreamResponse:
+    server_id = path_id(request, "server_id", "server")
+    await call(request, servers_api.delete_server, server_id=server_id)
+    return redirect("/servers")
+
+
+async def _form_page(
+    request: web.Request,
+    values: dict[str, Any],
+    errors: dict[str, str],
+    status: int,
+    server: dict[str, Any] | None,
+) -> web.StreamResponse:
+    return await render(
+        request, "server_form.html", _form_context(values, errors, server), status=status
+    )
+
+
+# -- one server -------------------------------------------------------------------------------
+
+
+@pages.get("/servers/{server_id}", "server.html")
+async def server_page(request: web.Request) -> dict[str, Any]:
+    server = await _server(request)
+    checks = await call(
+        request, health_api.list_checks, query=ChecksQuery(server_id=server["id"], limit=20)
+    )
+    return {"section": "servers", "server": server, "checks": checks}
+
+
+@pages.post("/servers/{server_id}/probe")
+async def probe_now(request: web.Request) -> web.StreamResponse:
+    server_id = path_id(request, "server_id", "server")
+    await call(request, servers_api.probe_server, server_id=server_id)
+    return redirect(f"/servers/{server_id}")
+
+
+# -- the playground ---------------------------------------------------------------------------
+
+
+@pages.get("/servers/{server_id}/tools", "playground.html")
+async def playground(request: web.Request) -> dict[str, Any]:
+    return await _playground(request, path_id(request, "server_id", "server"))
+
+
+@pages.post("/servers/{server_id}/tools/invoke")
+async def invoke(request: web.Request) -> web.StreamResponse:
+    server_id = path_id(request, "server_id", "server")
+    await authorize(request, tools_api.invoke_tool)
+    tool_name = field_text(request, "tool_name")
+    raw = field_text(request, "arguments").strip() or "{}"
+    errors: dict[str, str] = {}
+    outcome = None
+    try:
+        arguments = json.loads(raw)
+    except ValueError as exc:
+        errors["arguments"] = f"not valid JSON: {exc}"
+    else:
+        try:
+            body = validated(InvokeIn, {"tool_name": tool_name, "arguments": arguments})
+            outcome = await call(request, tools_api.invoke_tool, server_id=server_id, body=body)
+        except FormInvalid as exc:
+            errors = exc.errors
+        except ApiError as exc:
+            if exc.status != 422:
+                raise
+            errors = api_errors(exc)
+    # A schema's complaints name the argument (arguments.a): all of them go next to the field.
+    about_arguments = [
+        f"{k.removeprefix('arguments.')}: {v}" if k != "arguments" else v
+        for k, v in errors.items()
+        if k == "arguments" or k.startswith("arguments.")
+    ]
+    errors = {k: v for k, v in errors.items() if not k.startswith("arguments")}
+    if about_arguments:
+        errors["arguments"] = "; ".join(about_arguments)
+    context = await _playground(request, server_id)
+    context.update(
+        invoked=tool_name,
+        arguments=raw,
+        outcome=outcome,
+        outcome_json=None if outcome is None else _pretty(outcome["result"]),
+        errors=errors,
+    )
+    return await render(request, "playground.html", context, status=422 if errors else 200)
+
+
+@pages.post("/servers/{server_id}/tools/refresh")
+async def refresh_tools(request: web.Request) -> web.StreamResponse:
+    server_id = path_id(request, "server_id", "server")
+    await call(request, tools_api.drop_tools_cache, server_id=server_id)
+    return redirect(f"/servers/{server_id}/tools")
+
+
+async def _playground(request: web.Request, server_id: uuid.UUID) -> dict[str, Any]:
+    server = await call(request, servers_api.get_server, server_id=server_id)
+    listing, problem = None, None
+    try:
+        listing = await call(request, tools_api.list_tools, server_id=server_id)
+    except (BadGateway, GatewayTimeout) as exc:  # the server's trouble, shown on the page
+        problem = exc.detail
+    tools = [] if listing is None else listing["tools"]
+    return {
+        "section": "servers",
+        "server": server,
+        "listing": listing,
+        "problem": problem,
+        "tools": [
+            {
+                **tool,
+                "schema_json": _pretty(tool["inputSchema"]),
+                "parameters": _parameters(tool["inputSchema"]),
+                "skeleton": _skeleton(tool["inputSchema"]),
+            }
+            for tool in tools
+        ],
+        "invoked": None,
+        "arguments": "{}",
+        "outcome": None,
+        "outcome_json": None,
+        "errors": {},
+    }
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+async def _server(request: web.Request) -> dict[str, Any]:
+    server_id = path_id(request, "server_id", "server")
+    server: dict[str, Any] = await call(request, servers_api.get_server, server_id=server_id)
+    return server
+
+
+_EMPTY = {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
+
+
+def _properties(schema: Any) -> dict[str, Any]:
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    return properties if isinstance(properties, dict) else {}
+
+
+def _parameters(schema: Any) -> list[dict[str, Any]]:
+    """The arguments a tool declares, for a person to read: name, type, required, description."""
+    required = schema.get("required") if isinstance(schema, dict) else None
+    needed = set(required) if isinstance(required, list) else set()
+    return [
+        {
+            "name": name,
+            "type": spec.get("type", "any") if isinstance(spec, dict) else "any",
+            "required": name in needed,
+            "description": spec.get("description", "") if isinstance(spec, dict) else "",
+        }
+        for name, spec in _properties(schema).items()
+    ]
+
+
+def _skeleton(schema: Any) -> str:
+    """Arguments to start from: each required one with an empty value of its type."""
+    return _pretty(
+        {
+            p["name"]: _EMPTY.get(p["type"]) if isinstance(p["type"], str) else None
+            for p in _parameters(schema)
+            if p["required"]
+        }
+    )
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)

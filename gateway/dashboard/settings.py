@@ -1,5 +1,230 @@
-"""TODO"""
+"""Workspace settings: the workspace itself, its members and invitations, its API keys."""
 
-from gateway.dashboard.pages import Pages
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from gateway.api import workspaces as workspaces_api
+from gateway.api.workspaces import ApiKeyIn, InviteIn, MemberPatch, WorkspacePatch
+from gateway.dashboard.pages import (
+    FormInvalid,
+    Pages,
+    api_errors,
+    authorize,
+    call,
+    field_text,
+    path_id,
+    redirect,
+    render,
+    validated,
+)
+from gateway.dashboard.sessions import SESSION
+from gateway.errors import DUPLICATES, ApiError
+from gateway.keys import SETTINGS
 
 pages = Pages()
+
+# The API lets the middleware turn this constraint into a 400; a form wants it by the field.
+_SLUG_TAKEN = "workspaces_slug_key"
+
+
+def _workspace_id(request: web.Request) -> uuid.UUID:
+    workspace_id = request[SESSION].workspace_id
+    assert workspace_id is not None  # set by the pages' wrapper for every signed-in page
+    return workspace_id
+
+
+async def _context(
+    request: web.Request,
+    *,
+    failed: str = "",
+    errors: dict[str, str] | None = None,
+    values: dict[str, str] | None = None,
+    invite: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The settings page; `failed` names the form whose `errors` and typed `values` it shows
+    again."""
+    workspace_id = _workspace_id(request)
+    workspace = await call(request, workspaces_api.get_workspace, workspace_id=workspace_id)
+    members = await call(request, workspaces_api.list_members, workspace_id=workspace_id)
+    invites = await call(request, workspaces_api.list_invites, workspace_id=workspace_id)
+    api_keys = await call(request, workspaces_api.list_api_keys, workspace_id=workspace_id)
+    # Lists carry user ids only; people who left are no longer among the members.
+    names = {member["user_id"]: member["name"] for member in members}
+    for item in invites:
+        item["invited_by_name"] = names.get(item["invited_by"])
+    for item in api_keys:
+        item["created_by_name"] = names.get(item["created_by"])
+    create_error = request.query.get("workspace_error")
+    if create_error and not failed:
+        failed, errors = "create", {"name": create_error}
+    return {
+        "section": "settings",
+        "workspace": workspace,
+        "members": members,
+        "invites": invites,
+        "api_keys": api_keys,
+        "me": request[SESSION].user_id,
+        "failed": failed,
+        "errors": errors or {},
+        "values": values or {},
+        "invite": invite,
+        "emails_sent": request.app[SETTINGS].smtp_url is not None,
+    }
+
+
+async def _refused(
+    request: web.Request,
+    status: int,
+    failed: str,
+    errors: dict[str, str],
+    values: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """The settings page again, with why the form `failed` was refused."""
+    context = await _context(request, failed=failed, errors=errors, values=values)
+    return await render(request, "settings.html", context, status=status)
+
+
+def _message(errors: dict[str, str]) -> dict[str, str]:
+    """Form errors as one message above a form that has no field of that name to show them."""
+    return {"": " ".join(errors.values())}
+
+
+@pages.get("/settings", "settings.html")
+async def settings_page(request: web.Request) -> dict[str, Any]:
+    return await _context(request)
+
+
+@pages.post("/settings/workspace")
+async def rename_workspace(request: web.Request) -> web.StreamResponse:
+    workspace_id = _workspace_id(request)
+    await authorize(request, workspaces_api.update_workspace, workspace_id=workspace_id)
+    values = {name: field_text(request, name) for name in ("name", "slug")}
+    try:
+        body = validated(WorkspacePatch, values)
+        await call(request, workspaces_api.update_workspace, workspace_id=workspace_id, body=body)
+    except FormInvalid as exc:
+        return await _refused(request, 422, "workspace", exc.errors, values)
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name != _SLUG_TAKEN:
+            raise
+        errors = {"slug": DUPLICATES[_SLUG_TAKEN]}
+        return await _refused(request, 400, "workspace", errors, values)
+    return redirect("/settings")
+
+
+@pages.post("/settings/delete")
+async def delete_workspace(request: web.Request) -> web.StreamResponse:
+    try:
+        await call(request, workspaces_api.delete_workspace, workspace_id=_workspace_id(request))
+    except ApiError as exc:
+        if exc.status != 400:  # a personal workspace; 403 stays the error page
+            raise
+        return await _refused(request, 400, "delete", {"": exc.detail})
+    # The session's workspace is gone with it: the next page is the home workspace.
+    return redirect("/")
+
+
+@pages.post("/settings/members/{user_id}/role")
+async def change_role(request: web.Request) -> web.StreamResponse:
+    user_id = path_id(request, "user_id", "member")
+    workspace_id = _workspace_id(request)
+    await authorize(request, workspaces_api.update_member, workspace_id=workspace_id)
+    try:
+        body = validated(MemberPatch, {"role": field_text(request, "role")})
+        await call(
+            request,
+            workspaces_api.update_member,
+            workspace_id=workspace_id,
+            user_id=user_id,
+            body=body,
+        )
+    except FormInvalid as exc:
+        return await _refused(request, 422, "members", _message(exc.errors))
+    except ApiError as exc:
+        if exc.status != 400:  # the last owner; 403 and 404 stay error pages
+            raise
+        return await _refused(request, 400, "members", {"": exc.detail})
+    return redirect("/settings")
+
+
+@pages.post("/settings/members/{user_id}/remove")
+async def remove_member(request: web.Request) -> web.StreamResponse:
+    user_id = path_id(request, "user_id", "member")
+    try:
+        await call(
+            request,
+            workspaces_api.remove_member,
+            workspace_id=_workspace_id(request),
+            user_id=user_id,
+        )
+    except ApiError as exc:
+        if exc.status != 400:
+            raise
+        return await _refused(request, 400, "members", {"": exc.detail})
+    return redirect("/settings")
+
+
+@pages.post("/settings/invites")
+async def invite_member(request: web.Request) -> web.StreamResponse:
+    workspace_id = _workspace_id(request)
+    await authorize(request, workspaces_api.invite_member, workspace_id=workspace_id)
+    values = {name: field_text(request, name) for name in ("email", "role")}
+    try:
+        body = validated(InviteIn, values)
+        invite = await call(
+            request, workspaces_api.invite_member, workspace_id=workspace_id, body=body
+        )
+    except FormInvalid as exc:
+        return await _refused(request, 422, "invite", exc.errors, values)
+    except ApiError as exc:
+        if exc.status != 400:  # already a member; 403 stays the error page
+            raise
+        return await _refused(request, 400, "invite", api_errors(exc), values)
+    # Shown here only, not after a redirect: the link is a secret that opens the workspace,
+    # and a URL would keep it in the history; without SMTP_URL it is the only way to send it.
+    context = await _context(request, invite=invite)
+    return await render(request, "settings.html", context, status=201)
+
+
+@pages.post("/settings/invites/{invite_id}/revoke")
+async def revoke_invite(request: web.Request) -> web.StreamResponse:
+    await call(
+        request,
+        workspaces_api.revoke_invite,
+        workspace_id=_workspace_id(request),
+        invite_id=path_id(request, "invite_id", "invite"),
+    )
+    return redirect("/settings")
+
+
+@pages.post("/settings/api-keys")
+async def create_api_key(request: web.Request) -> web.StreamResponse:
+    workspace_id = _workspace_id(request)
+    await authorize(request, workspaces_api.create_api_key, workspace_id=workspace_id)
+    values = {"name": field_text(request, "name")}
+    try:
+        body = validated(ApiKeyIn, values)
+        created = await call(
+            request, workspaces_api.create_api_key, workspace_id=workspace_id, body=body
+        )
+    except FormInvalid as exc:
+        return await _refused(request, 422, "api_key", exc.errors, values)
+    # The raw key exists in this response only (stored as a hash): never behind a redirect.
+    context = {"section": "settings", "api_key": created}
+    return await render(request, "api_key_created.html", context, status=201)
+
+
+@pages.post("/settings/api-keys/{key_id}/revoke")
+async def revoke_api_key(request: web.Request) -> web.StreamResponse:
+    await call(
+        request,
+        workspaces_api.revoke_api_key,
+        workspace_id=_workspace_id(request),
+        key_id=path_id(request, "key_id", "API key"),
+    )
+    return redirect("/settings")

@@ -242,6 +242,20 @@ async def _count(
     return total
 
 
+_GET = f"""
+SELECT {_ITEM_COLUMNS} FROM tool_calls AS c JOIN servers AS s ON s.id = c.server_id
+WHERE c.id = $1 AND c.workspace_id = $2
+"""
+
+
+async def get_tool_call(
+    db: Executor, workspace_id: uuid.UUID, call_id: uuid.UUID
+) -> dict[str, Any] | None:
+    """One call of the workspace (None for another workspace's: it does not exist for you)."""
+    row = await db.fetchrow(_GET, call_id, workspace_id)
+    return None if row is None else dict(row)
+
+
 async def server_names(db: Executor, server_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
     rows = await db.fetch("SELECT id, name FROM servers WHERE id = ANY($1)", list(server_ids))
     return {row["id"]: row["name"] for row in rows}

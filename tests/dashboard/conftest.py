@@ -45,6 +45,12 @@ class Browser:
         self.http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
         self.last: Page | None = None
 
+    @property
+    def csrf(self) -> str:
+        """The CSRF token of the last page seen."""
+        assert self.last is not None, "no page seen yet"
+        return self.last.csrf
+
     def url(self, path: str) -> str:
         return str(self.api.client.make_url(path))
 
@@ -67,7 +73,7 @@ class Browser:
         follow: bool = True,
     ) -> Page:
         """Send a form, with the CSRF token of the last page seen unless one is given."""
-        token = csrf if csrf is not None else (self.last.csrf if self.last else "")
+        token = csrf if csrf is not None else (self.csrf if self.last else "")
         form = {"csrf_token": token, **(data or {})}
         async with self.http.post(self.url(path), data=form, allow_redirects=follow) as response:
             page = Page(response.status, await response.text(), response.headers, str(response.url))

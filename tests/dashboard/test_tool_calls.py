@@ -1,0 +1,97 @@
+"""The tool-call log pages: every filter of GET /tool-calls, pages of 50, one call's details."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import asyncpg
+
+from tests.dashboard.conftest import BrowserFactory
+from tests.support import Account, Api
+from tests.test_proxy import add_server
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+async def ingest(api: Api, key: str, server_id: str, count: int, **fields: Any) -> None:
+    body = [{"server_id": server_id, "tool_name": "search", "status": "success", **fields}] * count
+    await api.post("/tool-calls", json=body, auth=key, expect=201)
+
+
+def rows(text: str) -> int:
+    return len(re.findall(r'<a href="/tool-calls/[0-9a-f-]{36}">', text))
+
+
+async def arrange(api: Api, db: asyncpg.Connection) -> tuple[Account, str, str, str]:
+    owner = await api.org(await api.signup(), "Calls")
+    key = await api.api_key(owner)
+    first = await add_server(api, db, owner, "http://127.0.0.1:9/mcp")
+    second = await add_server(api, db, owner, "http://127.0.0.1:9/mcp")
+    return owner, key, first, second
+
+
+async def test_every_filter_of_the_log(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    owner, key, first, second = await arrange(api, db)
+    await ingest(api, key, first, 3, tool_name="search", caller_agent="agent-a")
+    await ingest(api, key, first, 2, tool_name="fetch", status="error", error_message="boom")
+    await ingest(api, key, second, 1, tool_name="search", created_at="2025-01-01T10:00:00Z")
+    browser = await browser_for(await api.member(owner, "member"))
+    page = await browser.get("/tool-calls")
+    assert rows(page.text) == 6 and page.has("6 calls")
+    assert rows((await browser.get(f"/tool-calls?server_id={second}")).text) == 1
+    assert rows((await browser.get("/tool-calls?tool_name=FET")).text) == 2
+    assert rows((await browser.get("/tool-calls?caller_agent=agent-a")).text) == 3
+    page = await browser.get("/tool-calls?status=error")
+    assert rows(page.text) == 2 and page.has("boom")
+    assert rows((await browser.get("/tool-calls?end=2025-06-01T00:00")).text) == 1
+    assert rows((await browser.get("/tool-calls?start=2025-06-01T00:00")).text) == 5
+    page = await browser.get("/tool-calls?start=2026-01-02T00:00&end=2026-01-01T00:00")
+    assert rows(page.text) == 0 and page.has("end must not be before start")
+    page = await browser.get("/tool-calls?start=yesterday")
+    assert rows(page.text) == 0 and 'class="error"' in page.text
+
+
+async def test_pages_of_fifty(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    owner, key, first, _ = await arrange(api, db)
+    await ingest(api, key, first, 120, status="error")
+    browser = await browser_for(owner)
+    page = await browser.get("/tool-calls?status=error")
+    assert rows(page.text) == 50 and page.has("1\u201350 of 120")
+    assert not page.has("Newer")
+    page = await browser.get("/tool-calls?status=error&offset=100")
+    assert rows(page.text) == 20 and page.has("101\u2013120 of 120")
+    assert page.has("Newer") and not page.has("Older")
+    assert 'href="/tool-calls?status=error&amp;offset=50"' in page.text
+
+
+async def test_one_calls_details_and_other_workspaces_calls(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    owner, key, first, _ = await arrange(api, db)
+    await ingest(
+        api, key, first, 1, tool_name=HOSTILE, caller_agent=HOSTILE, error_message=HOSTILE,
+        status="error", duration_ms=1234, input_tokens=5, output_tokens=7, output_size_bytes=99,
+    )  # fmt: skip
+    call_id = await db.fetchval("SELECT id FROM tool_calls")
+    browser = await browser_for(owner)
+    listed = await browser.get("/tool-calls")
+    page = await browser.get(f"/tool-calls/{call_id}")
+    for shown in (listed, page):
+        assert HOSTILE not in shown.text and shown.has(HOSTILE)
+    assert page.has("1,234 ms") and page.has("99 bytes")
+    stranger = await api.signup()
+    theirs = await add_server(api, db, stranger, "http://127.0.0.1:9/mcp")
+    await ingest(api, await api.api_key(stranger), theirs, 1)
+    their_call = await db.fetchval(
+        "SELECT id FROM tool_calls WHERE server_id = $1", uuid.UUID(theirs)
+    )
+    for path in (f"/tool-calls/{their_call}", "/tool-calls/nope", f"/tool-calls/{uuid.uuid4()}"):
+        assert (await browser.get(path, expect=404)).has("tool call not found")
+    # And another workspace's calls are not in this log.
+    assert rows((await browser.get("/tool-calls")).text) == 1
