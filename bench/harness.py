@@ -106,6 +106,8 @@ class Gateway:
     workspace_id: uuid.UUID
     fernet_key: str
     pid: int
+    # The signed-up owner of workspace_id (password BENCH_PASSWORD), for the dashboard.
+    email: str
 
     async def add_server(self, upstream_url: str) -> uuid.UUID:
         conn = await asyncpg.connect(self.dsn)
@@ -152,17 +154,20 @@ def gateway(
     args = pinned(GATEWAY_CPU, [*(wrapper or []), *serve])
     with process(args, port, env, startup_seconds) as pid:
         url = f"http://127.0.0.1:{port}"
-        key, workspace_id = asyncio.run(_account(url))
-        yield Gateway(url, dsn, key, workspace_id, fernet_key, pid)
+        key, workspace_id, email = asyncio.run(_account(url))
+        yield Gateway(url, dsn, key, workspace_id, fernet_key, pid, email)
 
 
-async def _account(url: str) -> tuple[str, uuid.UUID]:
+BENCH_PASSWORD = "benchmark1"
+
+
+async def _account(url: str) -> tuple[str, uuid.UUID, str]:
     import aiohttp
 
     async with aiohttp.ClientSession(url) as http:
         signup = {
             "email": f"bench-{uuid.uuid4().hex[:6]}@example.com",
-            "password": "benchmark1",
+            "password": BENCH_PASSWORD,
             "name": "Bench",
         }
         async with http.post("/api/v1/auth/signup", json=signup) as response:
@@ -175,7 +180,7 @@ async def _account(url: str) -> tuple[str, uuid.UUID]:
         ) as response:
             created = await response.json()
             assert response.status == 201, created
-        return created["key"], uuid.UUID(workspace_id)
+        return created["key"], uuid.UUID(workspace_id), signup["email"]
 
 
 # -- wrk ---------------------------------------------------------------------------------------

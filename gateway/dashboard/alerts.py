@@ -27,6 +27,7 @@ from gateway.dashboard.pages import (
     render,
     validated,
 )
+from gateway.db import alerts as alerts_db
 from gateway.errors import ApiError, Forbidden
 
 pages = Pages()
@@ -51,16 +52,8 @@ METRICS = [(m, _METRIC_TEXT.get(m, m)) for m in get_args(Metric)]
 OPERATORS = [(o, _OPERATOR_TEXT.get(o, o)) for o in get_args(Operator)]
 EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 
-_TEXT_FIELDS = (
-    "name",
-    "server_id",
-    "metric",
-    "operator",
-    "threshold",
-    "window_minutes",
-    "slack_webhook_url",
-    "webhook_url",
-)
+# The rule's fields the form has a text input for (enabled is a checkbox).
+_TEXT_FIELDS = tuple(name for name in alerts_db.RULE_FIELDS if name != "enabled")
 # Left empty in the form, these are null: every server, no notification of that kind.
 _EMPTY_IS_NULL = ("server_id", "slack_webhook_url", "webhook_url")
 _NEW_RULE = {
