@@ -43,6 +43,10 @@ class PayloadTooLarge(ApiError):
     status = 413
 
 
+class UnsupportedMediaType(ApiError):
+    status = 415
+
+
 class ValidationFailed(ApiError):
     status = 422
 

@@ -70,6 +70,8 @@ class Api:
         expect: int | None = None,
     ) -> Reply:
         all_headers = dict(headers or {})
+        if data is not None:  # raw bodies in the tests are (attempts at) JSON
+            all_headers.setdefault("Content-Type", "application/json")
         if isinstance(auth, Account):
             all_headers.update(auth.headers)
         elif isinstance(auth, str):

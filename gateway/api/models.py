@@ -2,27 +2,88 @@
 
 from __future__ import annotations
 
+import re
 import uuid
-from datetime import datetime
-from typing import Annotated, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, EmailStr, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    EmailStr,
+    Field,
+    StringConstraints,
+    field_validator,
+)
+
+# PostgreSQL's bigint: larger offsets cannot even be sent to it.
+BIGINT_MAX = 2**63 - 1
+_NUL_FREE = "must not contain NUL characters"
 
 
 def _normalise_email(value: object) -> object:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-class Body(BaseModel):
+def refuse_nul(value: Any) -> Any:
+    """PostgreSQL text cannot hold NUL: a text with one (or a list of such texts) is refused
+    by name, rather than failing in the database."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(_NUL_FREE)
+    elif isinstance(value, list) and any(isinstance(v, str) and "\x00" in v for v in value):
+        raise ValueError(_NUL_FREE)
+    return value
+
+
+class _Input(BaseModel):
+    """What a client sends: every text field refused with a NUL character."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        return refuse_nul(value)
+
+
+class Body(_Input):
     """A JSON request body: strict types (no "1" for 1), unknown fields ignored."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class Query(BaseModel):
+class Query(_Input):
     """Query parameters arrive as strings, so these convert ("50" -> 50)."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+_NUMBER = re.compile(r"\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*")
+
+
+def _timestamp_text(value: object) -> object:
+    # pydantic would read a number as seconds since 1970: a query's "0.5" is a mistake.
+    if isinstance(value, str) and _NUMBER.fullmatch(value):
+        raise ValueError("must be an ISO 8601 timestamp, e.g. 2026-11-24T10:00:00Z")
+    return value
+
+
+def _in_utc(value: datetime) -> datetime:
+    """In UTC (naive ones are UTC); one that UTC cannot write (year 1 at +14:00, year 9999 at
+    -14:00) is refused rather than failing later."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range (years 1 to 9999 in UTC)") from None
+
+
+# A point in time from a client, always in UTC once validated: in a query ISO 8601 only (a
+# strict JSON body takes no number for a datetime anyway).
+Timestamp = Annotated[datetime, AfterValidator(_in_utc)]
+QueryTimestamp = Annotated[Timestamp, BeforeValidator(_timestamp_text)]
 
 
 class Out(BaseModel):
@@ -43,7 +104,7 @@ RoleName = Literal["owner", "admin", "member"]
 InviteRole = Literal["admin", "member"]
 
 Limit = Annotated[int, Field(ge=1, le=200, description="page size (max 200)")]
-Offset = Annotated[int, Field(ge=0, description="rows to skip")]
+Offset = Annotated[int, Field(ge=0, le=BIGINT_MAX, description="rows to skip")]
 
 
 class Page(Query):

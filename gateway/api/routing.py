@@ -23,7 +23,7 @@ import pydantic
 from aiohttp import web
 
 from gateway.auth import PRINCIPAL, Access, path_uuid, refuse_api_key
-from gateway.errors import BadRequest, ValidationFailed
+from gateway.errors import BadRequest, UnsupportedMediaType, ValidationFailed
 from gateway.keys import AUTHENTICATOR, ENDPOINT_OF
 
 API_PREFIX = "/api/v1"
@@ -132,7 +132,9 @@ def _errors_for(
     if access.min_role is not None or not access.api_key:
         codes.add(403)  # role too low, or an API key where keys may not go
     if "body" in hints:
-        codes.update((400, 413, 422))
+        codes.update((400, 413, 415, 422))
+    if any(kind is str for _, kind in path_params):
+        codes.add(422)  # a NUL character in a path segment
     if "query" in hints:
         codes.add(422)
     if path_params:
@@ -145,7 +147,8 @@ def validation_detail(exc: pydantic.ValidationError, where: str) -> str:
     parts = []
     for error in exc.errors(include_url=False):
         location = ".".join([where, *(str(p) for p in error["loc"])])
-        parts.append(f"{location}: {error['msg']}")
+        # pydantic prefixes the message of a validator's ValueError: not for people.
+        parts.append(f"{location}: {error['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
 
 
@@ -178,7 +181,7 @@ class _Handler:
                 what = name.removesuffix("_id").replace("_", " ")
                 kwargs[name] = path_uuid(request, name, what)
             else:
-                kwargs[name] = request.match_info[name]
+                kwargs[name] = path_text(request, name)
         if self.body_adapter is not None:
             kwargs["body"] = await read_body(request, self.body_adapter)
         if endpoint.query is not None:
@@ -195,6 +198,7 @@ async def read_body(request: web.Request, adapter: pydantic.TypeAdapter[Any]) ->
     raw = await request.read()
     if not raw.strip():
         raise BadRequest("request body is required (JSON)")
+    check_json(request, raw)
     try:
         return adapter.validate_json(raw)
     except pydantic.ValidationError as exc:
@@ -205,6 +209,31 @@ async def read_body(request: web.Request, adapter: pydantic.TypeAdapter[Any]) ->
         if all(not e["loc"] for e in errors):
             raise BadRequest("request body must be a JSON object") from None
         raise ValidationFailed(validation_detail(exc, "body")) from None
+
+
+def check_json(request: web.Request, raw: bytes) -> None:
+    """A body must say it is JSON (else 415) and be standard JSON: pydantic's parser would
+    take NaN and Infinity, which JSON has not (400)."""
+    kind = request.content_type  # application/octet-stream when the header is absent
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"request body must be JSON, sent with Content-Type: application/json (not {kind})"
+        )
+    if b"NaN" in raw or b"Infinity" in raw:  # perhaps only inside strings: parse to know
+        try:
+            orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise BadRequest(
+                "request body is not valid JSON (NaN and Infinity are not JSON numbers)"
+            ) from None
+
+
+def path_text(request: web.Request, name: str) -> str:
+    """A text path segment; one with a NUL character is refused by name."""
+    value = request.match_info[name]
+    if "\x00" in value:
+        raise ValidationFailed(f"path.{name}: must not contain NUL characters")
+    return value
 
 
 def read_query(request: web.Request, model: type[pydantic.BaseModel]) -> Any:

@@ -11,8 +11,8 @@ from aiohttp import web
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from typing_extensions import TypedDict
 
-from gateway.api.models import Out, Page
-from gateway.api.routing import Routes, json_response, validation_detail
+from gateway.api.models import Out, Page, QueryTimestamp, Timestamp
+from gateway.api.routing import Routes, check_json, json_response, validation_detail
 from gateway.auth import PRINCIPAL, READ, USE
 from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.db import tool_calls as tool_calls_db
@@ -48,7 +48,7 @@ class ToolCallIn(TypedDict):
     output_size_bytes: NotRequired[Annotated[int, Field(ge=0, le=2**63 - 1)] | None]
     error_message: NotRequired[Annotated[str, StringConstraints(max_length=10_000)] | None]
     # Naive timestamps are taken as UTC; absent means the time of receipt.
-    created_at: NotRequired[datetime | None]
+    created_at: NotRequired[Timestamp | None]
 
 
 class ToolCallOut(Out):
@@ -82,22 +82,20 @@ class ToolCallQuery(Page):
     ] = None
     caller_agent: str | None = None
     status: Status | None = None
-    start: Annotated[datetime | None, Field(description="from this time on (inclusive)")] = None
-    end: Annotated[datetime | None, Field(description="up to this time (inclusive)")] = None
+    start: Annotated[QueryTimestamp | None, Field(description="from this time on (inclusive)")] = (
+        None
+    )
+    end: Annotated[QueryTimestamp | None, Field(description="up to this time (inclusive)")] = None
 
     @model_validator(mode="after")
     def _range(self) -> ToolCallQuery:
-        if self.start is not None and self.end is not None and _utc(self.end) < _utc(self.start):
+        if self.start is not None and self.end is not None and self.end < self.start:
             raise ValueError("end must not be before start")
         return self
 
 
 _ONE = pydantic.TypeAdapter(ToolCallIn)
 _MANY = pydantic.TypeAdapter(list[ToolCallIn])
-
-
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _parse(raw: bytes) -> tuple[list[ToolCallIn], bool]:
@@ -128,7 +126,7 @@ def _parse(raw: bytes) -> tuple[list[ToolCallIn], bool]:
     access=USE,
     status=201,
     response=ToolCallOut | ToolCallsCreated,
-    errors=(400, 404, 413, 422),
+    errors=(400, 404, 413, 415, 422),
     request_body=ToolCallIn | list[ToolCallIn],
 )
 async def ingest(request: web.Request) -> web.Response:
@@ -137,7 +135,9 @@ async def ingest(request: web.Request) -> web.Response:
     `tool_name` and `status` required; `created_at` defaults to the time of receipt. Every
     server must be in your workspace (else 404, and nothing is stored). A 201 means the calls
     are committed: a following GET /tool-calls sees them."""
-    calls, many = _parse(await request.read())
+    raw = await request.read()
+    check_json(request, raw)
+    calls, many = _parse(raw)
     app = request.app
     workspace_id = request[PRINCIPAL].workspace_id
     names: dict[uuid.UUID, str] = {}
@@ -160,7 +160,7 @@ async def ingest(request: web.Request) -> web.Response:
             call.get("output_tokens"),
             call.get("output_size_bytes"),
             clean_text(call.get("error_message")),
-            now if (at := call.get("created_at")) is None else _utc(at),
+            call.get("created_at") or now,
         )
         for call_id, call in ((new_call_id(), call) for call in calls)
     ]
@@ -200,8 +200,8 @@ async def list_tool_calls(request: web.Request, query: ToolCallQuery) -> dict[st
         tool_name=query.tool_name,
         caller_agent=query.caller_agent,
         status=query.status,
-        start=None if query.start is None else _utc(query.start),
-        end=None if query.end is None else _utc(query.end),
+        start=query.start,
+        end=query.end,
     )
     return await tool_calls_db.list_tool_calls(
         request.app[POOL], request[PRINCIPAL].workspace_id, filters, query.limit, query.offset

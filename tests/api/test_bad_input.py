@@ -1,0 +1,167 @@
+"""Every bad input gets a clear answer naming what is wrong, and changes nothing: NUL
+characters, numbers and times beyond what PostgreSQL stores, non-standard JSON, other media."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from tests.support import Account, Api
+from tests.test_proxy import add_server
+
+NUL = "a\x00b"
+
+
+async def owner_with_server(api: Api, db: asyncpg.Connection) -> tuple[Account, str]:
+    owner = await api.org(await api.signup(), "Hardened")
+    return owner, await add_server(api, db, owner, "http://127.0.0.1:9/mcp")
+
+
+async def row_counts(db: asyncpg.Connection) -> dict[str, int]:
+    tables = ("users", "workspaces", "servers", "alert_rules", "api_keys", "tool_calls")
+    return {t: await db.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
+
+
+async def test_nul_characters_in_bodies_are_refused_by_field(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    owner, server_id = await owner_with_server(api, db)
+    url = "http://a.example/mcp"
+    cases = [
+        ("POST", "/servers", {"name": NUL, "url": url}, "body.name"),
+        ("POST", "/servers", {"name": "s", "url": url, "description": NUL}, "body.description"),
+        ("POST", "/servers", {"name": "s", "url": f"http://a.example/{NUL}"}, "body.url"),
+        ("POST", "/servers", {"name": "s", "url": url, "tags": ["ok", NUL]}, "body.tags"),
+        ("PATCH", f"/servers/{server_id}", {"name": NUL}, "body.name"),
+        (
+            "POST",
+            "/alerts/rules",
+            {"name": NUL, "metric": "call_count", "operator": ">", "threshold": 1,
+             "window_minutes": 5},
+            "body.name",
+        ),
+        (
+            "POST",
+            "/alerts/rules",
+            {"name": "r", "metric": "call_count", "operator": ">", "threshold": 1,
+             "window_minutes": 5, "webhook_url": f"https://hooks.example/{NUL}"},
+            "body.webhook_url",
+        ),
+        ("POST", "/workspaces", {"name": NUL}, "body.name"),
+        ("PATCH", f"/workspaces/{owner.workspace_id}", {"name": NUL}, "body.name"),
+        ("POST", f"/workspaces/{owner.workspace_id}/api-keys", {"name": NUL}, "body.name"),
+    ]  # fmt: skip
+    before = await row_counts(db)
+    for method, path, body, field in cases:
+        reply = await api.request(method, path, json=body, auth=owner, expect=422)
+        assert reply.detail == f"{field}: must not contain NUL characters", (path, reply.detail)
+    signup = {"email": "n@example.com", "password": "password123", "name": NUL}
+    reply = await api.post("/auth/signup", json=signup, expect=422)
+    assert reply.detail.startswith("body.name: must not contain NUL")
+    signup = {**signup, "name": "N", "invite_token": NUL}
+    reply = await api.post("/auth/signup", json=signup, expect=422)
+    assert reply.detail.startswith("body.invite_token: must not contain NUL")
+    reply = await api.post("/auth/accept-invite/a%00b", auth=owner, expect=422)
+    assert reply.detail == "path.token: must not contain NUL characters"
+    assert await row_counts(db) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/servers", "search"),
+        ("/servers", "tag"),
+        ("/tool-calls", "tool_name"),
+        ("/tool-calls", "caller_agent"),
+    ],
+)
+async def test_nul_characters_in_query_parameters(
+    api: Api, db: asyncpg.Connection, path: str, param: str
+) -> None:
+    owner, _ = await owner_with_server(api, db)
+    reply = await api.get(path, params={param: NUL}, auth=owner, expect=422)
+    assert reply.detail == f"query.{param}: must not contain NUL characters"
+
+
+@pytest.mark.parametrize("path", ["/tool-calls", "/health/checks", "/alerts/events"])
+async def test_offsets_beyond_a_bigint(api: Api, db: asyncpg.Connection, path: str) -> None:
+    owner, _ = await owner_with_server(api, db)
+    reply = await api.get(path, params={"offset": 2**63}, auth=owner, expect=422)
+    assert reply.detail.startswith("query.offset: Input should be less than or equal to")
+    await api.get(path, params={"offset": 2**63 - 1}, auth=owner, expect=200)
+
+
+async def test_times_at_the_edges_and_numbers_are_not_timestamps(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    owner, server_id = await owner_with_server(api, db)
+    key = await api.api_key(owner)
+    for start, problem in (
+        ("0001-01-01T00:00:00+14:00", "is out of range"),
+        ("0.5", "must be an ISO 8601 timestamp"),
+        ("1700000000", "must be an ISO 8601 timestamp"),
+    ):
+        reply = await api.get("/tool-calls", params={"start": start}, auth=key, expect=422)
+        assert reply.detail.startswith(f"query.start: {problem}"), reply.detail
+    late = {"server_id": server_id, "tool_name": "t", "status": "success",
+            "created_at": "9999-12-31T23:59:59-14:00"}  # fmt: skip
+    reply = await api.post("/tool-calls", json=late, auth=key, expect=422)
+    assert reply.detail.startswith("body.created_at: is out of range")
+    reply = await api.post("/tool-calls", json={**late, "created_at": 0.5}, auth=key, expect=422)
+    assert reply.detail.startswith("body.created_at:")
+    # The edges themselves are fine.
+    for edge in ("0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z"):
+        await api.post("/tool-calls", json={**late, "created_at": edge}, auth=key, expect=201)
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 2
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+async def test_nan_and_infinity_are_not_json(api: Api, db: asyncpg.Connection, token: str) -> None:
+    owner, server_id = await owner_with_server(api, db)
+    key = await api.api_key(owner)
+    before = await row_counts(db)
+    rule = (
+        '{"name": "r", "metric": "call_count", "operator": ">", "window_minutes": 5, '
+        f'"threshold": {token}}}'
+    )
+    reply = await api.post("/alerts/rules", data=rule, auth=owner, expect=400)
+    assert "NaN and Infinity" in reply.detail
+    call = f'{{"server_id": "{server_id}", "tool_name": "t", "status": "success", '
+    call += f'"duration_ms": {token}}}'
+    await api.post("/tool-calls", data=call, auth=key, expect=400)
+    # In a string it is just text.
+    named = f'{{"server_id": "{server_id}", "tool_name": "{token}", "status": "success"}}'
+    await api.post("/tool-calls", data=named, auth=key, expect=201)
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == before["tool_calls"] + 1
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+async def test_json_sent_as_another_media_type_is_415(
+    api: Api, db: asyncpg.Connection, content_type: str | None
+) -> None:
+    owner, server_id = await owner_with_server(api, db)
+    key = await api.api_key(owner)
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    before = await row_counts(db)
+    for path, body, auth in (
+        ("/servers", b'{"name": "x", "url": "http://x.example/mcp"}', owner),
+        ("/tool-calls", b'{"server_id": "' + server_id.encode() + b'", "tool_name": "t", '
+                        b'"status": "success"}', key),
+        ("/workspaces", b'{"name": "w"}', owner),
+    ):  # fmt: skip
+        async with api.client.post(
+            f"/api/v1{path}", data=body, headers={**headers, **_auth(auth)}
+        ) as response:
+            assert response.status == 415, path
+            assert "Content-Type: application/json" in (await response.json())["detail"]
+    assert await row_counts(db) == before
+
+
+def _auth(auth: Account | str) -> dict[str, str]:
+    return auth.headers if isinstance(auth, Account) else {"X-API-Key": auth}
+
+
+async def test_options_answered_405_says_what_is_allowed(api: Api) -> None:
+    reply = await api.request("OPTIONS", "/servers")
+    assert reply.status == 405
+    assert set(reply.headers["Allow"].split(",")) == {"GET", "POST"}
