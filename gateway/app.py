@@ -113,7 +113,13 @@ async def _http_client(app: web.Application) -> AsyncIterator[None]:
         # Shared by every tenant: a cookie one upstream sets must never reach another request.
         cookie_jar=aiohttp.DummyCookieJar(),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300),
+        connector=aiohttp.TCPConnector(
+            limit=0,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            # Every address dialled is checked against the outbound policy, after resolution.
+            socket_factory=app[SETTINGS].outbound.socket_factory(),
+        ),
     )
     app[HTTP] = session
     yield

@@ -15,6 +15,8 @@ from typing import Any
 from cryptography.fernet import Fernet
 from limits import parse as parse_rate_limit
 
+from gateway.outbound import Network, OutboundPolicy, parse_networks
+
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
@@ -56,10 +58,18 @@ class Settings:
     invite_ttl_days: int = 7
     # A dashboard session ends after this long without a page view, and after 7 days anyway.
     dashboard_session_hours: float = 12.0
+    # Outbound connections (gateway.outbound): addresses refused on top of the link-local and
+    # metadata ones always refused, and exceptions to those.
+    outbound_deny: tuple[Network, ...] = ()
+    outbound_allow: tuple[Network, ...] = ()
     # Rate limit for login and signup, per client address and per email.
     auth_rate_limit: str = "10/minute"
     # Background loops (prober, alert evaluator, ...); tests switch them off to drive them by hand.
     run_workers: bool = True
+
+    @property
+    def outbound(self) -> OutboundPolicy:
+        return OutboundPolicy(deny=self.outbound_deny, allow=self.outbound_allow)
 
     @property
     def base_url(self) -> str:
@@ -149,6 +159,15 @@ def _rate_limit(raw: str) -> str:
     return raw
 
 
+def _networks(raw: str) -> tuple[Network, ...]:
+    try:
+        return parse_networks(raw)
+    except ValueError as exc:
+        raise ValueError(
+            f"expected comma-separated CIDR ranges such as 10.0.0.0/8: {exc}"
+        ) from None
+
+
 def _flag(raw: str) -> bool:
     lowered = raw.lower()
     if lowered in {"1", "true", "yes", "on"}:
@@ -185,6 +204,8 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_HEALTH_RETENTION_DAYS": ("health_retention_days", _positive_int),
     "GATEWAY_AUTH_RATE_LIMIT": ("auth_rate_limit", _rate_limit),
     "GATEWAY_DASHBOARD_SESSION_HOURS": ("dashboard_session_hours", _positive_float),
+    "GATEWAY_OUTBOUND_DENY": ("outbound_deny", _networks),
+    "GATEWAY_OUTBOUND_ALLOW": ("outbound_allow", _networks),
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
 }
 

@@ -6,12 +6,11 @@ import math
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from aiohttp import web
-from pydantic import AfterValidator, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
-from gateway.api.models import Body, Name, Out, Page
+from gateway.api.models import Body, HttpUrl, Name, Out, Page, refuse_literal_destination
 from gateway.api.routing import Routes
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import alerts as alerts_db
@@ -27,22 +26,13 @@ DeliveryTarget = Literal["webhook", "slack"]
 DeliveryStatus = Literal["pending", "delivered", "failed"]
 
 
-def _http_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL")
-    return value
-
-
 def _finite(value: float) -> float:
     if not math.isfinite(value):
         raise ValueError("must be a finite number")
     return value
 
 
-WebhookUrl = Annotated[
-    str, StringConstraints(strip_whitespace=True, max_length=2048), AfterValidator(_http_url)
-]
+WebhookUrl = HttpUrl
 Threshold = Annotated[float, AfterValidator(_finite)]
 WindowMinutes = Annotated[int, Field(ge=1, le=1440, description="1..1440")]
 
@@ -167,12 +157,18 @@ async def create_rule(request: web.Request, body: RuleIn) -> dict[str, Any]:
     `slack_webhook_url` gets `{"text": "<one line>"}`; `webhook_url` gets
     `{"event": <alert event>, "rule": <rule>, "workspace": {"id", "name"}}`."""
     workspace_id = request[PRINCIPAL].workspace_id
+    _refuse_literal_targets(request, body.webhook_url, body.slack_webhook_url)
     async with request.app[POOL].acquire() as conn, conn.transaction():
         if body.server_id is not None and not await alerts_db.lock_server(
             conn, workspace_id, body.server_id
         ):
             raise NotFound("server not found")
         return await alerts_db.create_rule(conn, workspace_id, body.model_dump())
+
+
+def _refuse_literal_targets(request: web.Request, webhook: str | None, slack: str | None) -> None:
+    refuse_literal_destination(request, "webhook_url", webhook)
+    refuse_literal_destination(request, "slack_webhook_url", slack)
 
 
 @routes.get("/alerts/rules/{rule_id}", summary="One alert rule", access=READ, response=RuleOut)
@@ -193,6 +189,7 @@ async def update_rule(request: web.Request, rule_id: uuid.UUID, body: RulePatch)
     """Only the fields sent change. The rule is evaluated afresh at the next round; an open
     incident of a server the rule no longer covers is then resolved."""
     workspace_id = request[PRINCIPAL].workspace_id
+    _refuse_literal_targets(request, body.webhook_url, body.slack_webhook_url)
     changes = body.model_dump(include=body.model_fields_set)
     async with request.app[POOL].acquire() as conn, conn.transaction():
         server_id = changes.get("server_id")

@@ -6,14 +6,13 @@ import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import pydantic
 from aiohttp import web
 from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
 
 from gateway.api.health import HealthCheckOut
-from gateway.api.models import Body, Name, Out, Query
+from gateway.api.models import Body, HttpUrl, Name, Out, Query, refuse_literal_destination
 from gateway.api.routing import Routes, validation_detail
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import servers as servers_db
@@ -47,19 +46,6 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
 
 
-def _http_url(value: str) -> str:
-    parts = urlsplit(value)
-    try:
-        parts.port  # noqa: B018 -- raises on a malformed port
-    except ValueError:
-        raise ValueError("has an invalid port") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL with a host")
-    if any(c.isspace() for c in value):
-        raise ValueError("must not contain whitespace")
-    return value
-
-
 def _header_name(value: str) -> str:
     if not _HEADER_NAME.fullmatch(value):
         raise ValueError("must be a valid HTTP header name")
@@ -84,11 +70,6 @@ def _unique(tags: list[str]) -> list[str]:
     return list(dict.fromkeys(tags))
 
 
-HttpUrl = Annotated[
-    str,
-    StringConstraints(strip_whitespace=True, min_length=1, max_length=2048),
-    AfterValidator(_http_url),
-]
 Description = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)]
 Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
 Tags = Annotated[list[Tag], Field(max_length=50), AfterValidator(_unique)]
@@ -233,6 +214,7 @@ async def list_servers(request: web.Request, query: ServerQuery) -> list[dict[st
 async def create_server(request: web.Request, body: ServerIn) -> dict[str, Any]:
     """The credentials are encrypted at rest and never returned (`has_credentials` shows
     whether there are any). The first background probe follows within a few seconds."""
+    refuse_literal_destination(request, "url", body.url)
     credentials = _credentials(body.auth_type, body.auth_credentials)
     return await servers_db.create(
         request.app[POOL],
@@ -268,6 +250,7 @@ async def update_server(
     `auth_type` needs `auth_credentials` of the new shape; `auth_credentials` alone replaces
     those of the current auth_type. A new url or new credentials are probed within seconds."""
     workspace_id = request[PRINCIPAL].workspace_id
+    refuse_literal_destination(request, "url", body.url)
     async with request.app[POOL].acquire() as conn, conn.transaction():
         # Locked: the credentials' shape depends on the stored auth_type.
         found, current_type = await servers_db.lock_auth_type(conn, workspace_id, server_id)

@@ -220,7 +220,7 @@ class McpClient:
         try:
             async with (
                 asyncio.timeout(min(self._timeout, _CLOSE_TIMEOUT)),
-                self._http.delete(self._url, headers=headers) as resp,
+                self._http.delete(self._url, headers=headers, allow_redirects=False) as resp,
             ):
                 log.debug(
                     "MCP session closed", extra={"upstream": self._where, "status": resp.status}
@@ -362,7 +362,10 @@ class McpClient:
             message["params"] = params
         headers = self._post_headers(method, params)
         body = orjson.dumps(message)
-        async with self._guard(), self._http.post(self._url, data=body, headers=headers) as resp:
+        async with (
+            self._guard(),
+            self._http.post(self._url, data=body, headers=headers, allow_redirects=False) as resp,
+        ):
             if resp.status == 404 and self._session_id is not None:
                 raise _SessionExpiredError()
             if not 200 <= resp.status < 300:
@@ -382,7 +385,9 @@ class McpClient:
         headers = self._post_headers(method, {})
         async with (
             self._guard(),
-            self._http.post(self._url, data=orjson.dumps(message), headers=headers) as resp,
+            self._http.post(
+                self._url, data=orjson.dumps(message), headers=headers, allow_redirects=False
+            ) as resp,
         ):
             if not 200 <= resp.status < 300:
                 raise McpHttpError(resp.status, resp.reason, f"upstream refused {method}")
@@ -402,7 +407,7 @@ class McpClient:
             headers["Mcp-Session-Id"] = self._session_id
             if self._protocol_version is not None:
                 headers["MCP-Protocol-Version"] = self._protocol_version
-            async with self._http.get(self._url, headers=headers) as again:
+            async with self._http.get(self._url, headers=headers, allow_redirects=False) as again:
                 if not 200 <= again.status < 300:
                     raise McpHttpError(again.status, again.reason, "resuming the SSE stream failed")
                 if again.content_type != "text/event-stream":
@@ -415,6 +420,16 @@ class McpClient:
         return reply
 
     async def _status_error(self, resp: aiohttp.ClientResponse, request_id: int) -> McpError:
+        if 300 <= resp.status < 400:
+            # Never followed: the server's stored credentials must not travel to another
+            # origin, and the registered URL is the one that is checked and shown.
+            target = urlsplit(resp.headers.get("Location", "")).netloc.rpartition("@")[2]
+            return McpHttpError(
+                resp.status,
+                resp.reason,
+                f"redirects to {target or 'another URL'}; redirects are not followed: "
+                "register the URL it points to",
+            )
         body = await _read_capped(resp, _MAX_ERROR_BODY_BYTES, truncate=True)
         try:
             decoded = orjson.loads(body) if body else None
@@ -443,7 +458,7 @@ class McpClient:
         try:
             async with (
                 asyncio.timeout(min(self._timeout, _LEGACY_PROBE_TIMEOUT)),
-                self._http.get(self._url, headers=headers) as resp,
+                self._http.get(self._url, headers=headers, allow_redirects=False) as resp,
             ):
                 if resp.status != 200 or resp.content_type != "text/event-stream":
                     return False
