@@ -59,9 +59,10 @@ CREATE TABLE invites (
     workspace_id  uuid NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
     email         text NOT NULL,
     role          text NOT NULL CHECK (role IN ('admin', 'member')),
-    -- Kept in the clear: the invitee sees it in /auth/me, and accepting also needs the
-    -- invitee's own login with the same email, so the token alone grants nothing.
-    token         text NOT NULL UNIQUE,
+    -- Of the token only a hash (SHA-256, hex), as for API keys: a copy of the database opens
+    -- no workspace. The token itself is derived from the id with the server's secret, so the
+    -- invitee can be shown it again (GET /auth/me).
+    token_hash    text NOT NULL UNIQUE,
     status        text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'accepted', 'revoked')),
     invited_by    uuid REFERENCES users (id) ON DELETE SET NULL,
     created_at    timestamptz NOT NULL DEFAULT now(),
@@ -435,4 +436,4 @@ CREATE TABLE alert_delivery_attempts (
     PRIMARY KEY (delivery_id, attempt)
 );
 
-INSERT INTO schema_version (version) VALUES (3);
+INSERT INTO schema_version (version) VALUES (4);

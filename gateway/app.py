@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
 
 import aiohttp
+import asyncpg
 from aiohttp import web
 
 from gateway import proxy
@@ -62,6 +64,8 @@ from gateway.workers.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
+_LISTENER_WAIT_SECONDS = 5.0
+
 API_MODULES = (
     openapi.routes,
     auth_api.routes,
@@ -87,9 +91,17 @@ def service_version() -> str:
 async def _database(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     assert settings.database_url is not None, "create_app needs settings.database_url"
-    pool = await create_pool(settings.database_url)
-    async with pool.acquire() as conn:
+    # On a connection of its own: a migration may run longer than any request may wait.
+    conn = await asyncpg.connect(settings.database_url)
+    try:
         await apply_schema(conn)
+    finally:
+        await conn.close()
+    pool = await create_pool(
+        settings.database_url,
+        acquire_timeout=settings.db_acquire_timeout_seconds,
+        statement_timeout=settings.db_statement_timeout_seconds,
+    )
     app[POOL] = pool
     app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
@@ -99,7 +111,10 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
 
 async def _call_log(app: web.Application) -> AsyncIterator[None]:
     # After the pool and before the HTTP client: on shutdown it drains before the pool closes.
-    call_log = CallLog(app[POOL])
+    settings = app[SETTINGS]
+    # A POST /tool-calls waits for its commit as long as a statement may take, no longer.
+    commit_timeout = settings.db_acquire_timeout_seconds + settings.db_statement_timeout_seconds
+    call_log = CallLog(app[POOL], commit_timeout=commit_timeout)
     app[CALL_LOG] = call_log
     call_log.start()
     yield
@@ -142,6 +157,10 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     assert settings.database_url is not None
     tasks = BackgroundTasks()
     tasks.start("cache-listener", listen_for_invalidations(settings.database_url, app[CACHES]))
+    # Until the listener is in, nothing is cached: wait for it briefly (a database that is
+    # not there is not waited for; the listener keeps trying).
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(app[CACHES].listening.wait(), _LISTENER_WAIT_SECONDS)
     tasks.start("api-key-usage", record_key_usage(app[POOL], app[AUTHENTICATOR]))
     if settings.run_workers:
         tasks.start("prober", Prober.from_app(app).run_forever())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -98,6 +99,9 @@ class Caches:
     def __init__(self) -> None:
         self._by_table: dict[str, list[Invalidator]] = {}
         self._all: list[Invalidated] = []
+        # Set once invalidations are heard: startup waits for it, so a new process serves
+        # from its caches from its first request on.
+        self.listening = asyncio.Event()
 
     def register(self, cache: Invalidated, tables: dict[str, Invalidator]) -> None:
         self._all.append(cache)
@@ -115,3 +119,7 @@ class Caches:
         for cache in self._all:
             cache.clear()
             cache.enabled = listening
+        if listening:
+            self.listening.set()
+        else:
+            self.listening.clear()

@@ -118,6 +118,11 @@ _Waiter = tuple[int, int, "asyncio.Future[None]"]
 _REFUSED = "body: PostgreSQL refused these tool calls; none of them was stored"
 
 
+def _shifted(waiters: list[_Waiter], removed: int) -> list[_Waiter]:
+    """Waiters after `removed` rows before them were taken out."""
+    return [(start - removed, end - removed, future) for start, end, future in waiters]
+
+
 def _units(size: int, waiters: list[_Waiter]) -> list[tuple[int, int]]:
     """A batch of `size` rows as [start, end) units: each write()'s rows, each add()'s row."""
     units: list[tuple[int, int]] = []
@@ -189,8 +194,12 @@ class CallLog:
         batch_rows: int = BATCH_ROWS,
         writers: int = WRITERS,
         max_backoff_seconds: float = 5.0,
+        commit_timeout: float | None = None,
     ) -> None:
         self._pool = pool
+        # How long write() waits for its commit before taking its rows back (503); None: as
+        # long as it takes.
+        self._commit_timeout = commit_timeout
         self.max_rows = max_rows
         self._flush_seconds = flush_seconds
         self._batch_rows = batch_rows
@@ -259,7 +268,46 @@ class CallLog:
         self._wakeup.set()
         if len(self._rows) >= self._batch_rows:
             self._hurry.set()
-        await asyncio.shield(future)
+        await self._committed(future)
+
+    async def _committed(self, future: asyncio.Future[None]) -> None:
+        """Wait for the commit, at most commit_timeout: then the rows are taken back and the
+        caller told so (503), unless a batch attempt is writing them. That attempt ends within
+        the database's own timeouts and decides: committed, or back in line and taken back. So
+        a 503 is never followed by the rows appearing later (a client would retry them)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self._commit_timeout)
+            return
+        except TimeoutError:
+            pass
+        while not future.done():
+            if self._withdraw(future):
+                raise ServiceUnavailable(
+                    "the database did not commit the tool calls in time; none was stored, "
+                    "retry them",
+                    headers={"Retry-After": "1"},
+                )
+            await asyncio.wait({future}, timeout=0.05)  # the attempt writing them ends
+        future.result()
+
+    def _withdraw(self, future: asyncio.Future[None]) -> bool:
+        """Take a write()'s rows out of the queue or of a batch waiting for its retry; False
+        when a batch attempt has them in flight."""
+        for index, (start, end, waiting) in enumerate(self._waiters):
+            if waiting is future:
+                del self._rows[start:end]
+                self._waiters[index:] = _shifted(self._waiters[index + 1 :], end - start)
+                return True
+        for retry in self._retries:
+            for index, (start, end, waiting) in enumerate(retry.waiters):
+                if waiting is future:
+                    del retry.batch[start:end]
+                    retry.waiters[index:] = _shifted(retry.waiters[index + 1 :], end - start)
+                    self._held -= end - start
+                    if not retry.batch:
+                        self._retries.remove(retry)
+                    return True
+        return False
 
     def _drop(self, count: int) -> None:
         self.stats.dropped += count

@@ -58,6 +58,10 @@ class Settings:
     invite_ttl_days: int = 7
     # A dashboard session ends after this long without a page view, and after 7 days anyway.
     dashboard_session_hours: float = 12.0
+    # Bounds on every wait on PostgreSQL (a frozen database answers 503, not silence): for a
+    # pooled connection, and for each statement.
+    db_acquire_timeout_seconds: float = 5.0
+    db_statement_timeout_seconds: float = 10.0
     # Outbound connections (gateway.outbound): addresses refused on top of the link-local and
     # metadata ones always refused, and exceptions to those.
     outbound_deny: tuple[Network, ...] = ()
@@ -204,6 +208,8 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_HEALTH_RETENTION_DAYS": ("health_retention_days", _positive_int),
     "GATEWAY_AUTH_RATE_LIMIT": ("auth_rate_limit", _rate_limit),
     "GATEWAY_DASHBOARD_SESSION_HOURS": ("dashboard_session_hours", _positive_float),
+    "GATEWAY_DB_ACQUIRE_TIMEOUT_SECONDS": ("db_acquire_timeout_seconds", _positive_float),
+    "GATEWAY_DB_STATEMENT_TIMEOUT_SECONDS": ("db_statement_timeout_seconds", _positive_float),
     "GATEWAY_OUTBOUND_DENY": ("outbound_deny", _networks),
     "GATEWAY_OUTBOUND_ALLOW": ("outbound_allow", _networks),
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),

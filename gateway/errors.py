@@ -110,6 +110,9 @@ DATABASE_DOWN: tuple[type[BaseException], ...] = (
     # 53xxx, e.g. too many connections while every client reconnects after a restart.
     asyncpg.exceptions.InsufficientResourcesError,
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # failover in progress
+    # A statement over GATEWAY_DB_STATEMENT_TIMEOUT_SECONDS (the client's bound raises
+    # TimeoutError, an OSError, above).
+    asyncpg.exceptions.QueryCanceledError,
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from aiohttp import web
+from pydantic import Field
 
 from gateway import accounts
 from gateway.api.models import Body, Email, Name, Out, Password, RoleName, UserOut
@@ -20,7 +21,13 @@ from gateway.db.types import Executor
 from gateway.db.users import User
 from gateway.errors import NotFound, Unauthorized
 from gateway.keys import POOL, SETTINGS
-from gateway.security.tokens import AccessClaims, hash_token, issue_access_token, new_opaque_token
+from gateway.security.tokens import (
+    AccessClaims,
+    hash_token,
+    invite_token,
+    issue_access_token,
+    new_opaque_token,
+)
 
 routes = Routes("auth")
 
@@ -63,7 +70,10 @@ class TokenResponse(Out):
 
 class PendingInviteOut(Out):
     id: uuid.UUID
-    token: str
+    token: str | None = Field(
+        description="accepts it (POST /auth/accept-invite/{token}); null when it cannot be "
+        "shown again (stored only as a hash since before this version): use the emailed link"
+    )
     workspace_id: uuid.UUID
     workspace_name: str
     role: RoleName
@@ -196,8 +206,19 @@ async def me(request: web.Request) -> dict[str, Any]:
         "workspaces": [
             {k: w[k] for k in ("id", "name", "slug", "role", "is_personal")} for w in workspaces
         ],
-        "pending_invites": await invites_db.pending_for_email(pool, user.email),
+        "pending_invites": [
+            _with_token(request, invite)
+            for invite in await invites_db.pending_for_email(pool, user.email)
+        ],
     }
+
+
+def _with_token(request: web.Request, invite: dict[str, Any]) -> dict[str, Any]:
+    """The invitee's own token, derived again (only its hash is stored); null for an
+    invitation made before tokens were derived, or under another GATEWAY_JWT_SECRET."""
+    stored = invite.pop("token_hash")
+    token = invite_token(request.app[SETTINGS].jwt_secret, invite["id"])
+    return {**invite, "token": token if hash_token(token) == stored else None}
 
 
 @routes.post(

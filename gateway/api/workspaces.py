@@ -19,7 +19,7 @@ from gateway.db import workspaces as workspaces_db
 from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.keys import AUTHENTICATOR, MAILER, POOL, SETTINGS
 from gateway.security.api_keys import DISPLAY_PREFIX_LENGTH, new_api_key
-from gateway.security.tokens import hash_token, new_opaque_token
+from gateway.security.tokens import hash_token, invite_token
 
 routes = Routes("workspaces")
 
@@ -195,13 +195,15 @@ async def invite_member(
         if await memberships_db.is_member_by_email(conn, workspace_id, body.email):
             raise BadRequest(f"{body.email} is already a member of this workspace")
         await invites_db.revoke_pending_for_email(conn, workspace_id, body.email)
-        token = new_opaque_token()
+        invite_id = uuid.uuid4()
+        token = invite_token(app[SETTINGS].jwt_secret, invite_id)
         invite = await invites_db.insert(
             conn,
+            invite_id,
             workspace_id,
             body.email,
             body.role,
-            token,
+            hash_token(token),
             inviter_id,
             app[SETTINGS].invite_ttl_days,
         )

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from aiohttp import web
 
 from gateway import accounts
-from gateway.api import workspaces as workspaces_api
 from gateway.api.auth import LoginIn, SignupIn
-from gateway.api.workspaces import WorkspaceIn
 from gateway.dashboard import sessions
 from gateway.dashboard.pages import (
     FormInvalid,
     Pages,
     api_errors,
-    call,
     field_text,
     parse_uuid,
     redirect,
@@ -41,7 +37,7 @@ def _signed_in(request: web.Request) -> bool:
 async def login_page(request: web.Request) -> dict[str, Any] | web.StreamResponse:
     next_page = safe_next(request.query.get("next"))
     if _signed_in(request):
-        raise web.HTTPSeeOther(next_page)
+        return redirect(next_page)
     return {"next": next_page, "email": "", "errors": {}}
 
 
@@ -70,9 +66,9 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 @pages.get("/signup", "signup.html", signed_in=False)
-async def signup_page(request: web.Request) -> dict[str, Any]:
+async def signup_page(request: web.Request) -> dict[str, Any] | web.StreamResponse:
     if _signed_in(request):
-        raise web.HTTPSeeOther("/")
+        return redirect("/")
     token = request.query.get("invite")
     invite = await _invite(request, token)
     return {
@@ -145,7 +141,7 @@ async def accept_invite(request: web.Request) -> web.StreamResponse:
         )
     accounts.forget_membership(request, workspace, user)
     await sessions_db.switch(request.app[POOL], request[sessions.SESSION].id_hash, workspace["id"])
-    raise web.HTTPSeeOther("/")
+    return redirect("/")
 
 
 @pages.post("/switch")
@@ -158,29 +154,7 @@ async def switch_workspace(request: web.Request) -> web.StreamResponse:
     if workspace_id is None or role is None:
         raise NotFound("workspace not found")
     await sessions_db.switch(request.app[POOL], session.id_hash, workspace_id)
-    raise web.HTTPSeeOther(safe_next(field_text(request, "next")))
-
-
-@pages.post("/workspaces")
-async def create_workspace(request: web.Request) -> web.StreamResponse:
-    """A new org workspace (its creator its owner), shown at once."""
-    values = {"name": field_text(request, "name")}
-    try:
-        body = validated(WorkspaceIn, values)
-        created = await call(request, workspaces_api.create_workspace, body=body)
-    except FormInvalid as exc:
-        raise web.HTTPSeeOther(_settings_with_error(exc.errors)) from None
-    except ApiError as exc:
-        if exc.status >= 500:
-            raise
-        raise web.HTTPSeeOther(_settings_with_error(api_errors(exc))) from None
-    await sessions_db.switch(request.app[POOL], request[sessions.SESSION].id_hash, created["id"])
-    raise web.HTTPSeeOther("/settings")
-
-
-def _settings_with_error(errors: dict[str, str]) -> str:
-    message = next(iter(errors.values()), "the workspace could not be created")
-    return f"/settings?workspace_error={quote(message)}"
+    return redirect(safe_next(field_text(request, "next")))
 
 
 async def _invite(request: web.Request, token: str | None) -> dict[str, Any] | None:
@@ -206,6 +180,8 @@ async def _signed_in_at(
     request: web.Request, user_id: Any, workspace_id: Any, next_page: str
 ) -> web.StreamResponse:
     response = redirect(next_page)
+    # A sign-in replaces whatever session this browser had (a fresh id, the old one ended).
+    await sessions.end(request, response)
     await sessions.start(request, response, user_id, workspace_id)
-    response.del_cookie(sessions.FORM_COOKIE, path="/")
+    sessions.drop_form_cookie(request, response)
     return response

@@ -10,6 +10,7 @@ from aiohttp import web
 from gateway.api import alerts as alerts_api
 from gateway.api import servers as servers_api
 from gateway.api.alerts import EventsQuery, EventType, Metric, Operator, RuleIn, RulePatch
+from gateway.api.models import BIGINT_MAX
 from gateway.api.servers import ServerQuery
 from gateway.dashboard.pages import (
     PAGE_SIZE,
@@ -66,7 +67,7 @@ _NEW_RULE = {
 
 
 @pages.get("/alerts", "alerts.html")
-async def alerts_page(request: web.Request) -> dict[str, Any]:
+async def alerts_page(request: web.Request) -> dict[str, Any] | web.StreamResponse:
     rule_id = parse_uuid(request.query.get("rule_id"))
     server_id = parse_uuid(request.query.get("server_id"))
     event_type = request.query.get("event_type")
@@ -90,7 +91,7 @@ async def alerts_page(request: web.Request) -> dict[str, Any]:
     items, total = events["items"], events["total"]
     if not items and total:  # past the last page (events were deleted meanwhile)
         last = (total - 1) // PAGE_SIZE * PAGE_SIZE
-        raise web.HTTPSeeOther(page_url("/alerts", filters, last, "#events"))
+        return redirect(page_url("/alerts", filters, last, "#events"))
     server_names = {s["id"]: s["name"] for s in servers}
     return {
         "section": "alerts",
@@ -266,6 +267,6 @@ def _number_text(value: float) -> str:
 
 def _offset(raw: str | None) -> int:
     try:
-        return max(0, int(raw or "0"))
+        return min(max(0, int(raw or "0")), BIGINT_MAX)
     except ValueError:
         return 0

@@ -19,6 +19,7 @@ import aiohttp_jinja2
 import pydantic
 from aiohttp import web
 from multidict import MultiDictProxy
+from yarl import URL
 
 from gateway import accounts
 from gateway.auth import PRINCIPAL, Role
@@ -27,7 +28,7 @@ from gateway.db import dashboard_sessions as sessions_db
 from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
 from gateway.db.users import User
-from gateway.errors import ApiError, Forbidden, NotFound
+from gateway.errors import ApiError, BadRequest, Forbidden, NotFound
 from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, POOL
 
 View = Callable[[web.Request], Awaitable[dict[str, Any] | web.StreamResponse]]
@@ -86,7 +87,10 @@ def _wrap(
         elif signed_in:
             return redirect(login_url(request))
         if request.method == "POST":
-            form = await request.post()
+            try:
+                form = await request.post()
+            except (UnicodeDecodeError, ValueError):  # not UTF-8, a broken multipart body
+                raise BadRequest("this form could not be read: send it from its page") from None
             request[FORM] = form
             if not sessions.valid_csrf(request, _text(form.get(sessions.CSRF_FIELD))):
                 raise Forbidden(
@@ -194,8 +198,8 @@ async def call(request: web.Request, handler: Callable[..., Awaitable[T]], **kwa
 async def signed_in_user(request: web.Request) -> User:
     session = request[sessions.SESSION]
     user = await users_db.by_id(request.app[POOL], session.user_id)
-    if user is None:
-        raise web.HTTPSeeOther("/login")
+    if user is None:  # deleted meanwhile: their sessions went with them
+        raise NotFound("this account no longer exists")
     return user
 
 
@@ -293,8 +297,11 @@ def pager(
 
 
 def redirect(location: str) -> web.Response:
-    """A 303 to another page of the dashboard (a response, so it can carry cookies)."""
-    return web.Response(status=303, headers={"Location": location})
+    """A 303 to another page of the dashboard (a response, so it can carry cookies, and the
+    pages' security headers)."""
+    response = web.Response(status=303, headers={"Location": location})
+    secure(response)
+    return response
 
 
 def login_url(request: web.Request) -> str:
@@ -305,7 +312,16 @@ def login_url(request: web.Request) -> str:
 
 
 def safe_next(target: str | None) -> str:
-    """Only a path of this site: never an open redirect (`//evil`, `/\\evil`, `https://`)."""
-    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+    """Only a path of this site, normalised: never an open redirect. Browsers drop tabs and
+    newlines from a Location (`/<TAB>/evil` is `//evil`) and read `\\` as `/`, so a target
+    with either is refused whole, as are ones with a scheme or a host."""
+    if not target or any(c < " " or c in "\x7f\\" for c in target):
         return "/"
-    return target
+    try:
+        url = URL(target)
+    except ValueError:
+        return "/"
+    if url.scheme or url.host is not None or not url.path.startswith("/"):
+        return "/"
+    normalised = str(url)
+    return normalised if normalised.startswith("/") and not normalised.startswith("//") else "/"

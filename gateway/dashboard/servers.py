@@ -7,6 +7,7 @@ import json
 import uuid
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from gateway.api import health as health_api
@@ -211,8 +212,9 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     errors: dict[str, str] = {}
     outcome = None
     try:
-        arguments = json.loads(raw)
-    except ValueError as exc:
+        # orjson: standard JSON only (no NaN), and a nesting limit instead of a RecursionError.
+        arguments = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         errors["arguments"] = f"not valid JSON: {exc}"
     else:
         try:
@@ -300,17 +302,25 @@ def _properties(schema: Any) -> dict[str, Any]:
 
 def _parameters(schema: Any) -> list[dict[str, Any]]:
     """The arguments a tool declares, for a person to read: name, type, required, description."""
+    # The server's schema, not ours: anything may be in it.
     required = schema.get("required") if isinstance(schema, dict) else None
-    needed = set(required) if isinstance(required, list) else set()
+    needed = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
     return [
         {
             "name": name,
-            "type": spec.get("type", "any") if isinstance(spec, dict) else "any",
+            "type": _text(spec.get("type", "any")) if isinstance(spec, dict) else "any",
             "required": name in needed,
-            "description": spec.get("description", "") if isinstance(spec, dict) else "",
+            "description": _text(spec.get("description", "")) if isinstance(spec, dict) else "",
         }
         for name, spec in _properties(schema).items()
     ]
+
+
+def _text(value: Any) -> str:
+    """A schema's word for people: a type may be a list (["string", "null"])."""
+    if isinstance(value, list):
+        return " or ".join(str(v) for v in value)
+    return str(value)
 
 
 def _skeleton(schema: Any) -> str:

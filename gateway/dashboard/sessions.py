@@ -24,6 +24,10 @@ from gateway.security.tokens import hash_token
 SESSION_COOKIE = "mcpg_session"
 # Before signing in: what the login and signup forms' tokens are derived from.
 FORM_COOKIE = "mcpg_form"
+# Over https both carry the __Host- prefix: the browser then keeps them Secure, for this host
+# and path / only, so no sibling subdomain can plant one (a planted form cookie would let
+# another site sign a browser into its own account).
+_HOST_PREFIX = "__Host-"
 CSRF_FIELD = "csrf_token"
 LIFETIME = timedelta(days=7)
 
@@ -34,20 +38,32 @@ def _idle(request: web.Request) -> timedelta:
     return timedelta(hours=request.app[SETTINGS].dashboard_session_hours)
 
 
+def _secure(request: web.Request) -> bool:
+    return request.app[SETTINGS].base_url.startswith("https://")
+
+
+def cookie_name(request: web.Request, name: str) -> str:
+    return _HOST_PREFIX + name if _secure(request) else name
+
+
+def _cookie(request: web.Request, name: str) -> str | None:
+    return request.cookies.get(cookie_name(request, name))
+
+
 def _set_cookie(request: web.Request, response: web.StreamResponse, name: str, value: str) -> None:
     response.set_cookie(
-        name,
+        cookie_name(request, name),
         value,
         max_age=int(LIFETIME.total_seconds()),
         path="/",
         httponly=True,
         samesite="Lax",
-        secure=request.app[SETTINGS].base_url.startswith("https://"),
+        secure=_secure(request),
     )
 
 
 async def current(request: web.Request) -> DashboardSession | None:
-    raw = request.cookies.get(SESSION_COOKIE)
+    raw = _cookie(request, SESSION_COOKIE)
     if not raw:
         return None
     return await sessions_db.find(request.app[POOL], hash_token(raw), _idle(request), LIFETIME)
@@ -65,10 +81,10 @@ async def start(
 
 
 async def end(request: web.Request, response: web.StreamResponse) -> None:
-    raw = request.cookies.get(SESSION_COOKIE)
+    raw = _cookie(request, SESSION_COOKIE)
     if raw:
         await sessions_db.end(request.app[POOL], hash_token(raw))
-    response.del_cookie(SESSION_COOKIE, path="/")
+    response.del_cookie(cookie_name(request, SESSION_COOKIE), path="/")
 
 
 # Signed out: the value of the form cookie this request's tokens derive from.
@@ -86,14 +102,19 @@ def csrf_token(request: web.Request) -> str:
     if session is not None:
         return _sign(request, f"session:{session.id_hash}")
     if _FORM_VALUE not in request:
-        request[_FORM_VALUE] = request.cookies.get(FORM_COOKIE) or secrets.token_urlsafe(24)
+        request[_FORM_VALUE] = _cookie(request, FORM_COOKIE) or secrets.token_urlsafe(24)
     return _sign(request, f"form:{request[_FORM_VALUE]}")
+
+
+def drop_form_cookie(request: web.Request, response: web.StreamResponse) -> None:
+    """Signed in, the forms' tokens come from the session: the form cookie has done its job."""
+    response.del_cookie(cookie_name(request, FORM_COOKIE), path="/")
 
 
 def keep_form_cookie(request: web.Request, response: web.StreamResponse) -> None:
     """Signed out, after a page rendered tokens from a new form cookie value: send it."""
     value = request.get(_FORM_VALUE)
-    if value is not None and request.cookies.get(FORM_COOKIE) != value:
+    if value is not None and _cookie(request, FORM_COOKIE) != value:
         _set_cookie(request, response, FORM_COOKIE, value)
 
 

@@ -9,7 +9,7 @@ import asyncpg
 from aiohttp import web
 
 from gateway.api import workspaces as workspaces_api
-from gateway.api.workspaces import ApiKeyIn, InviteIn, MemberPatch, WorkspacePatch
+from gateway.api.workspaces import ApiKeyIn, InviteIn, MemberPatch, WorkspaceIn, WorkspacePatch
 from gateway.dashboard.pages import (
     FormInvalid,
     Pages,
@@ -23,8 +23,9 @@ from gateway.dashboard.pages import (
     validated,
 )
 from gateway.dashboard.sessions import SESSION
+from gateway.db import dashboard_sessions as sessions_db
 from gateway.errors import DUPLICATES, ApiError
-from gateway.keys import SETTINGS
+from gateway.keys import POOL, SETTINGS
 
 pages = Pages()
 
@@ -59,9 +60,6 @@ async def _context(
         item["invited_by_name"] = names.get(item["invited_by"])
     for item in api_keys:
         item["created_by_name"] = names.get(item["created_by"])
-    create_error = request.query.get("workspace_error")
-    if create_error and not failed:
-        failed, errors = "create", {"name": create_error}
     return {
         "section": "settings",
         "workspace": workspace,
@@ -217,6 +215,23 @@ async def create_api_key(request: web.Request) -> web.StreamResponse:
     # The raw key exists in this response only (stored as a hash): never behind a redirect.
     context = {"section": "settings", "api_key": created}
     return await render(request, "api_key_created.html", context, status=201)
+
+
+@pages.post("/settings/workspaces")
+async def create_workspace(request: web.Request) -> web.StreamResponse:
+    """A new org workspace (its creator its owner), shown at once."""
+    values = {"name": field_text(request, "name")}
+    try:
+        body = validated(WorkspaceIn, values)
+        created = await call(request, workspaces_api.create_workspace, body=body)
+    except FormInvalid as exc:
+        return await _refused(request, 422, "create", exc.errors, values)
+    except ApiError as exc:
+        if exc.status not in (400, 422):
+            raise
+        return await _refused(request, exc.status, "create", api_errors(exc), values)
+    await sessions_db.switch(request.app[POOL], request[SESSION].id_hash, created["id"])
+    return redirect("/settings")
 
 
 @pages.post("/settings/api-keys/{key_id}/revoke")

@@ -6,12 +6,13 @@ import uuid
 from typing import Any
 
 from gateway.db.types import Executor
+from gateway.security.tokens import hash_token
 
 _COLUMNS = "i.id, i.email, i.role, i.status, i.invited_by, i.created_at, i.expires_at"
 
 _INSERT = """
-INSERT INTO invites (workspace_id, email, role, token, invited_by, expires_at)
-VALUES ($1, $2, $3, $4, $5, now() + make_interval(days => $6))
+INSERT INTO invites (id, workspace_id, email, role, token_hash, invited_by, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(days => $7))
 RETURNING id, email, role, status, invited_by, created_at, expires_at
 """
 
@@ -32,7 +33,7 @@ WHERE workspace_id = $1 AND email = $2 AND status = 'pending'
 """
 
 _PENDING_FOR_EMAIL = """
-SELECT i.id, i.token, i.workspace_id, w.name AS workspace_name, i.role, i.invited_by,
+SELECT i.id, i.token_hash, i.workspace_id, w.name AS workspace_name, i.role, i.invited_by,
        i.created_at, i.expires_at
 FROM invites i JOIN workspaces w ON w.id = i.workspace_id
 WHERE i.email = $1 AND i.status = 'pending' AND i.expires_at > now()
@@ -42,27 +43,30 @@ ORDER BY i.created_at DESC
 # Claiming is one atomic statement, so a token is accepted at most once.
 _ACCEPT = """
 UPDATE invites SET status = 'accepted', accepted_at = now()
-WHERE token = $1 AND status = 'pending' AND expires_at > now()
+WHERE token_hash = $1 AND status = 'pending' AND expires_at > now()
 RETURNING id, workspace_id, email, role
 """
 
 _PENDING_BY_TOKEN = """
 SELECT i.id, i.workspace_id, w.name AS workspace_name, i.email, i.role
 FROM invites i JOIN workspaces w ON w.id = i.workspace_id
-WHERE i.token = $1 AND i.status = 'pending' AND i.expires_at > now()
+WHERE i.token_hash = $1 AND i.status = 'pending' AND i.expires_at > now()
 """
 
 
 async def insert(
     db: Executor,
+    invite_id: uuid.UUID,
     workspace_id: uuid.UUID,
     email: str,
     role: str,
-    token: str,
+    token_hash: str,
     invited_by: uuid.UUID,
     ttl_days: int,
 ) -> dict[str, Any]:
-    row = await db.fetchrow(_INSERT, workspace_id, email, role, token, invited_by, ttl_days)
+    row = await db.fetchrow(
+        _INSERT, invite_id, workspace_id, email, role, token_hash, invited_by, ttl_days
+    )
     assert row is not None
     return dict(row)
 
@@ -84,10 +88,10 @@ async def pending_for_email(db: Executor, email: str) -> list[dict[str, Any]]:
 
 
 async def pending_by_token(db: Executor, token: str) -> dict[str, Any] | None:
-    row = await db.fetchrow(_PENDING_BY_TOKEN, token)
+    row = await db.fetchrow(_PENDING_BY_TOKEN, hash_token(token))
     return None if row is None else dict(row)
 
 
 async def accept(db: Executor, token: str) -> dict[str, Any] | None:
-    row = await db.fetchrow(_ACCEPT, token)
+    row = await db.fetchrow(_ACCEPT, hash_token(token))
     return None if row is None else dict(row)

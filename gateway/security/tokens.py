@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import secrets
 import time
 import uuid
@@ -58,3 +60,10 @@ def new_opaque_token() -> str:
 def hash_token(token: str) -> str:
     """Tokens and API keys are high-entropy, so a plain SHA-256 is a safe lookup hash."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def invite_token(secret: str, invite_id: uuid.UUID) -> str:
+    """An invitation's token: derived from its id with the server's secret, so it need not be
+    stored (only its hash is) and can still be shown again to the invitee (GET /auth/me)."""
+    mac = hmac.new(secret.encode(), b"invitation:" + invite_id.bytes, hashlib.sha256)
+    return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode()

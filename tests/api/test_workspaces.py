@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -271,7 +272,9 @@ async def test_a_removed_member_loses_access_on_the_next_request(
 # -- invitations ----------------------------------------------------------------------------
 
 
-async def test_invite_returns_the_invitation_with_its_url_once(api: Api) -> None:
+async def test_invite_returns_the_invitation_with_its_url_once(
+    api: Api, db: asyncpg.Connection
+) -> None:
     owner = await api.org(await api.signup())
     reply = await api.post(
         f"/workspaces/{owner.workspace_id}/members/invite",
@@ -293,6 +296,10 @@ async def test_invite_returns_the_invitation_with_its_url_once(api: Api) -> None
 
     listed = await api.get(f"/workspaces/{owner.workspace_id}/invites", auth=owner, expect=200)
     assert listed.body == [{k: v for k, v in invite.items() if k != "invite_url"}]
+    # Stored as a hash only: a copy of the database opens no workspace.
+    row = await db.fetchrow("SELECT * FROM invites")
+    assert row is not None and token_of(invite) not in [str(v) for v in row.values()]
+    assert row["token_hash"] == hashlib.sha256(token_of(invite).encode()).hexdigest()
 
 
 async def test_invitations_that_are_refused(api: Api) -> None:

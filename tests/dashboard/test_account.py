@@ -58,7 +58,7 @@ async def test_session_cookie_is_secure_behind_https(make_api: AppFactory) -> No
     try:
         # Over the tests' plain HTTP the client keeps no Secure cookie: carried by hand.
         async with browser.http.get(browser.url("/signup")) as response:
-            form_cookie = response.cookies["mcpg_form"]
+            form_cookie = response.cookies["__Host-mcpg_form"]
             assert form_cookie["secure"]
             token = Page(200, await response.text(), response.headers, "").csrf
         form = {
@@ -70,11 +70,11 @@ async def test_session_cookie_is_secure_behind_https(make_api: AppFactory) -> No
         async with browser.http.post(
             browser.url("/signup"),
             data=form,
-            cookies={"mcpg_form": form_cookie.value},
+            cookies={"__Host-mcpg_form": form_cookie.value},
             allow_redirects=False,
         ) as response:
             assert response.status == 303
-            assert response.cookies["mcpg_session"]["secure"]
+            assert response.cookies["__Host-mcpg_session"]["secure"]
     finally:
         await browser.close()
 
@@ -124,20 +124,51 @@ async def test_never_an_open_redirect(api: Api, browser_for: BrowserFactory) -> 
         "https://evil.example/",
         "/\\evil.example",
         "javascript:alert(1)",
+        "/\t/evil.example",  # browsers drop tabs and newlines: //evil.example
+        "/\n/evil.example",
+        "/\r\n/evil.example",
+        "/\x00x",
+        "/%09/ok",  # encoded, it stays a path of this site
     ):
         browser = await browser_for()
         await browser.get("/login")
+        form = {"csrf_token": browser.csrf, "email": owner.email, "password": "password123"}
         async with browser.http.post(
-            browser.url("/login"),
-            data={
-                "csrf_token": browser.csrf,
-                "email": owner.email,
-                "password": "password123",
-                "next": target,
-            },
-            allow_redirects=False,
+            browser.url("/login"), data={**form, "next": target}, allow_redirects=False
         ) as response:
-            assert response.headers["Location"] == "/", target
+            location = response.headers["Location"]
+        assert location in ("/", "/%09/ok"), (target, location)
+        # Signed in, the login page sends onwards at once: the same rule.
+        async with browser.http.get(
+            browser.url("/login"), params={"next": target}, allow_redirects=False
+        ) as response:
+            assert response.headers["Location"] in ("/", "/%09/ok"), target
+            assert response.headers["X-Frame-Options"] == "DENY"  # redirects are pages too
+
+
+async def test_unreadable_forms_are_400_pages(browser_for: BrowserFactory) -> None:
+    browser = await browser_for()
+    await browser.get("/login")
+    for body, content_type in (
+        (b"email=\xff\xfe&password=x", "application/x-www-form-urlencoded"),
+        (b"--x\r\nbroken", "multipart/form-data"),
+        (b"--x\r\nbroken", "multipart/form-data; boundary=y"),
+    ):
+        async with browser.http.post(
+            browser.url("/login"), data=body, headers={"Content-Type": content_type}
+        ) as response:
+            assert response.status == 400, content_type
+            assert "could not be read" in await response.text()
+
+
+async def test_signing_in_again_ends_the_previous_session(
+    api: Api, browser_for: BrowserFactory, db: asyncpg.Connection
+) -> None:
+    first, second = await api.signup(), await api.signup()
+    browser = await browser_for(first)
+    await browser.log_in(second.email)
+    assert await db.fetchval("SELECT count(*) FROM dashboard_sessions") == 1
+    assert await db.fetchval("SELECT user_id::text FROM dashboard_sessions") == second.user_id
 
 
 async def test_log_out_ends_the_session_on_the_server(
@@ -201,6 +232,9 @@ async def test_an_invitation_link_signs_up_into_the_workspace(
     assert page.has("Overview") and page.has("Acme <b>Labs</b>")
     # Used: the link now leads nowhere.
     assert (await browser.get(f"/invite/{token}", expect=404)).has("expired")
+    for nonsense in ("%00", "x" * 5000):
+        await browser.get(f"/invite/{nonsense}", expect=404)
+        await browser.get(f"/signup?invite={nonsense}", expect=200)
 
 
 async def test_a_signed_in_user_accepts_an_invitation(

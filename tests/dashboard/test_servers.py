@@ -233,6 +233,8 @@ async def test_playground_input_errors_are_next_to_the_arguments(
     await browser.get(f"/servers/{server_id}/tools")
     for arguments, message in (
         ("{not json", "not valid JSON"),
+        ('{"a": NaN, "b": 1}', "not valid JSON"),  # standard JSON only, as in the API
+        ("[" * 100_000, "not valid JSON"),  # too deep: refused, not a crash
         ("[1, 2]", "dictionary"),
         ('{"a": "x"}', "a: 'x' is not of type 'integer'"),
     ):
@@ -253,8 +255,14 @@ async def test_the_playground_shows_a_failing_server_and_hostile_tools_escaped(
     gone = await add_server(api, db, owner, unused_url())
     page = await browser.get(f"/servers/{gone}/tools")
     assert page.has("The tool list could not be fetched") and page.has("connection refused")
-    tools = [{"name": "x", "description": HOSTILE, "inputSchema": {"type": "object"}}]
+    tools = [
+        {"name": "x", "description": HOSTILE, "inputSchema": {"type": "object"}},
+        # A server's schema may hold anything: the page still renders.
+        {"name": "odd", "description": "", "inputSchema": {"type": "object", "required": [["a"]],
+         "properties": {"a": {"type": ["string", "null"]}, "b": "not a schema"}}},
+    ]  # fmt: skip
     async with fake_upstream(tools=tools) as upstream:
         hostile = await add_server(api, db, owner, upstream.url)
         page = await browser.get(f"/servers/{hostile}/tools")
     assert HOSTILE not in page.text and page.has(HOSTILE)
+    assert page.has("string or null")

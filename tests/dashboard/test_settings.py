@@ -9,7 +9,8 @@ from typing import Any
 from tests.dashboard.conftest import BrowserFactory, Page
 from tests.support import Account, Api
 
-_ACTION = re.compile(r'<form[^>]*action="(/settings[^"#]*)')
+# A new workspace of one's own is anyone's to start: not a control of this workspace.
+_ACTION = re.compile(r'<form[^>]*action="(/settings(?!/workspaces)[^"#]*)')
 _INVITE_URL = re.compile(r"http://gateway\.test/invite/[A-Za-z0-9_-]+")
 
 
@@ -98,7 +99,7 @@ async def test_each_role_sees_exactly_the_controls_it_may_use(
     assert actions(page) == set()
     for text in ("Olive Owner", "pending@example.com", key["prefix"], "ci agent"):
         assert page.has(text), text
-    assert page.has("Create a workspace") and 'action="/workspaces"' in page.text
+    assert page.has("Create a workspace") and 'action="/settings/workspaces#create"' in page.text
 
 
 async def test_a_personal_workspace_cannot_be_deleted(
@@ -414,16 +415,16 @@ async def test_hostile_names_are_shown_as_text(api: Api, browser_for: BrowserFac
     for shown in (created, page):
         assert "<script>alert" not in shown.text
     page = await browser.get(f"/settings?workspace_error={hostile}")
-    assert page.has(hostile) and "<script>alert" not in page.text
+    assert not page.has("was not created")  # no message of a stranger's choosing on this page
 
 
 async def test_creating_a_workspace_from_settings(api: Api, browser_for: BrowserFactory) -> None:
     owner = await api.signup()
     browser = await browser_for(owner)
     await browser.get("/settings")
-    page = await browser.post("/workspaces", {"name": "   "})
-    assert page.url.split("?")[0].endswith("/settings")
+    page = await browser.post("/settings/workspaces", {"name": "   "})
+    assert page.status == 422
     assert 'id="create-name-error"' in page.text and 'aria-invalid="true"' in page.text
-    page = await browser.post("/workspaces", {"name": "Fresh Start"})
+    page = await browser.post("/settings/workspaces", {"name": "Fresh Start"})
     assert page.url.endswith("/settings") and page.has("Fresh Start")
     assert page.has("Organisation workspace") and page.has("Delete workspace Fresh Start")
