@@ -201,3 +201,24 @@ def sdk_peer(request: pytest.FixtureRequest) -> tuple[str, str]:
     """Each SDK server with the SDK client in each mode: (server URL, client mode)."""
     upstream, mode = request.param
     return request.getfixturevalue(upstream), mode
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[Any]:
+    """A PostgreSQL server of this test's own, so it can be restarted."""
+    import pgserver
+
+    server = pgserver.get_server(tmp_path / "pg", cleanup_mode="delete")
+    yield server
+    server.cleanup()
+
+
+def restart_postgres(server: Any) -> None:
+    from pgserver._commands import pg_ctl
+
+    pg_ctl(
+        ["-w", "-m", "fast", "-l", str(server.log), "restart"],
+        pgdata=server.pgdata,
+        user=server.system_user,
+        timeout=60,
+    )

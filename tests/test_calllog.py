@@ -9,9 +9,8 @@ import random
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -27,6 +26,7 @@ from gateway.errors import ServiceUnavailable
 from gateway.histograms import percentile
 from gateway.keys import CALL_LOG
 from tests.api.test_analytics import snapshot
+from tests.conftest import restart_postgres
 from tests.support import Api
 from tests.test_proxy import add_server, call, recorder
 
@@ -583,27 +583,6 @@ async def test_app_shutdown_drains_before_the_pool_closes(
 
 
 # -- a real PostgreSQL restart under traffic ---------------------------------------------------
-
-
-@pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[Any]:
-    """A PostgreSQL server of this test's own, so it can be restarted."""
-    import pgserver
-
-    server = pgserver.get_server(tmp_path / "pg", cleanup_mode="delete")
-    yield server
-    server.cleanup()
-
-
-def restart_postgres(server: Any) -> None:
-    from pgserver._commands import pg_ctl
-
-    pg_ctl(
-        ["-w", "-m", "fast", "-l", str(server.log), "restart"],
-        pgdata=server.pgdata,
-        user=server.system_user,
-        timeout=60,
-    )
 
 
 async def test_postgres_restart_loses_no_acknowledged_call(
