@@ -18,7 +18,7 @@ from gateway.db import workspaces as workspaces_db
 from gateway.db.types import Connection
 from gateway.db.users import User
 from gateway.errors import BadRequest, Forbidden, NotFound, Unauthorized
-from gateway.keys import AUTHENTICATOR, POOL, RATE_LIMITER
+from gateway.keys import AUTHENTICATOR, POOL, RATE_LIMITER, SETTINGS
 from gateway.security.passwords import hash_password, verify_password
 
 _INVITE_GONE = "invitation not found, expired or already used"
@@ -32,6 +32,9 @@ async def _rate_limit(request: web.Request, email: str) -> None:
 async def admit(request: web.Request, email: str, password: str, invite_token: str | None) -> str:
     """Before a signup's transaction (no connection held while hashing): the rate limit, the
     invitation's check, and the password's hash, which is returned."""
+    refusal = signup_refusal(request, invite_token)
+    if refusal is not None:
+        raise Forbidden(refusal)
     await _rate_limit(request, email)
     if invite_token is not None:
         invite = await invites_db.pending_by_token(request.app[POOL], invite_token)
@@ -40,6 +43,16 @@ async def admit(request: web.Request, email: str, password: str, invite_token: s
         if invite["email"] != email:
             raise BadRequest("this invitation was sent to a different email address")
     return await hash_password(password)
+
+
+def signup_refusal(request: web.Request, invite_token: str | None) -> str | None:
+    """Why this gateway's signup policy (GATEWAY_SIGNUP) refuses a signup, or None."""
+    policy = request.app[SETTINGS].signup
+    if policy == "closed":
+        return "signing up is closed on this gateway: ask its administrator for an account"
+    if policy == "invite" and invite_token is None:
+        return "signing up on this gateway needs an invitation: use the link it was sent with"
+    return None
 
 
 async def sign_up(

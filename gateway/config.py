@@ -40,6 +40,8 @@ class Settings:
     access_token_ttl_seconds: int = 900
     refresh_token_ttl_days: int = 30
     max_body_bytes: int = 4 * MiB
+    # How long a request's body may take to arrive once its headers have (408 after that).
+    body_timeout_seconds: float = 30.0
     probe_interval_seconds: float = 60.0
     probe_timeout_seconds: float = 10.0
     # How many probes one gateway process runs at once.
@@ -66,6 +68,8 @@ class Settings:
     # metadata ones always refused, and exceptions to those.
     outbound_deny: tuple[Network, ...] = ()
     outbound_allow: tuple[Network, ...] = ()
+    # Who may sign up: anyone (open), only with an invitation (invite), nobody (closed).
+    signup: str = "open"
     # Rate limit for login and signup, per client address and per email.
     auth_rate_limit: str = "10/minute"
     # Background loops (prober, alert evaluator, ...); tests switch them off to drive them by hand.
@@ -172,6 +176,12 @@ def _networks(raw: str) -> tuple[Network, ...]:
         ) from None
 
 
+def _signup(raw: str) -> str:
+    if raw not in ("open", "invite", "closed"):
+        raise ValueError(f"expected open, invite or closed, got {raw!r}")
+    return raw
+
+
 def _flag(raw: str) -> bool:
     lowered = raw.lower()
     if lowered in {"1", "true", "yes", "on"}:
@@ -194,6 +204,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_ACCESS_TOKEN_TTL_SECONDS": ("access_token_ttl_seconds", _positive_int),
     "GATEWAY_REFRESH_TOKEN_TTL_DAYS": ("refresh_token_ttl_days", _positive_int),
     "GATEWAY_MAX_BODY_BYTES": ("max_body_bytes", _positive_int),
+    "GATEWAY_BODY_TIMEOUT_SECONDS": ("body_timeout_seconds", _positive_float),
     "GATEWAY_PROBE_INTERVAL_SECONDS": ("probe_interval_seconds", _positive_float),
     "GATEWAY_PROBE_TIMEOUT_SECONDS": ("probe_timeout_seconds", _positive_float),
     "GATEWAY_PROBE_CONCURRENCY": ("probe_concurrency", _positive_int),
@@ -207,6 +218,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_PROXY_TIMEOUT_SECONDS": ("proxy_timeout_seconds", _positive_float),
     "GATEWAY_HEALTH_RETENTION_DAYS": ("health_retention_days", _positive_int),
     "GATEWAY_AUTH_RATE_LIMIT": ("auth_rate_limit", _rate_limit),
+    "GATEWAY_SIGNUP": ("signup", _signup),
     "GATEWAY_DASHBOARD_SESSION_HOURS": ("dashboard_session_hours", _positive_float),
     "GATEWAY_DB_ACQUIRE_TIMEOUT_SECONDS": ("db_acquire_timeout_seconds", _positive_float),
     "GATEWAY_DB_STATEMENT_TIMEOUT_SECONDS": ("db_statement_timeout_seconds", _positive_float),

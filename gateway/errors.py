@@ -39,6 +39,10 @@ class NotFound(ApiError):
     status = 404
 
 
+class RequestTimeout(ApiError):
+    status = 408
+
+
 class PayloadTooLarge(ApiError):
     status = 413
 

@@ -24,7 +24,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import Field
 
-from gateway.api.routing import API_PREFIX, Routes
+from gateway.api.routing import API_PREFIX, Routes, read_bytes
 from gateway.auth import PRINCIPAL, USE, Access
 from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, PayloadTooLarge
@@ -178,7 +178,7 @@ class _CallerLeft(Exception):
     access=USE,
     request_body=JsonRpcMessage,
     response=UpstreamReply,
-    errors=(404, 413, 502, 504),
+    errors=(404, 408, 413, 502, 504),
 )
 @routes.route(
     "GET",
@@ -214,7 +214,8 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     if request.body_exists:
         if (request.content_length or 0) > settings.max_body_bytes:
             raise PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes")
-        body = await request.read()
+        # Complete already (most): read without read_bytes()'s timer and extra coroutine.
+        body = await (request.read() if request.content.is_eof() else read_bytes(request))
     outcome = _Outcome(tool_calls_in(body) if body else [])
     try:
         return await _exchange(request, upstream, body, outcome)

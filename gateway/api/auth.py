@@ -136,7 +136,9 @@ async def _issue_tokens(
 )
 async def signup(request: web.Request, body: SignupIn) -> dict[str, Any]:
     """With `invite_token`, the invitation (for this same email) is accepted at once and the
-    tokens are scoped to the inviting workspace; otherwise to the new personal workspace."""
+    tokens are scoped to the inviting workspace; otherwise to the new personal workspace.
+    GATEWAY_SIGNUP may close signup (403), or open it to invited people only (403 without
+    `invite_token`)."""
     password_hash = await accounts.admit(request, body.email, body.password, body.invite_token)
     async with request.app[POOL].acquire() as conn, conn.transaction():
         user, workspace = await accounts.sign_up(

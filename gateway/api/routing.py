@@ -10,6 +10,7 @@ StreamResponse.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 import typing
@@ -23,8 +24,8 @@ import pydantic
 from aiohttp import web
 
 from gateway.auth import PRINCIPAL, Access, path_uuid, refuse_api_key
-from gateway.errors import BadRequest, UnsupportedMediaType, ValidationFailed
-from gateway.keys import AUTHENTICATOR, ENDPOINT_OF
+from gateway.errors import BadRequest, RequestTimeout, UnsupportedMediaType, ValidationFailed
+from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, SETTINGS
 
 API_PREFIX = "/api/v1"
 
@@ -132,7 +133,7 @@ def _errors_for(
     if access.min_role is not None or not access.api_key:
         codes.add(403)  # role too low, or an API key where keys may not go
     if "body" in hints:
-        codes.update((400, 413, 415, 422))
+        codes.update((400, 408, 413, 415, 422))
     if any(kind is str for _, kind in path_params):
         codes.add(422)  # a NUL character in a path segment
     if "query" in hints:
@@ -194,8 +195,24 @@ class _Handler:
         return json_response(result, endpoint.status)
 
 
+async def read_bytes(request: web.Request) -> bytes:
+    """The whole body, received within GATEWAY_BODY_TIMEOUT_SECONDS (else 408): a client
+    sending its headers and then a trickle, or nothing, does not hold a connection for long.
+    A body already complete (most) is read without a timer."""
+    if request.content.is_eof():
+        return await request.read()
+    seconds = request.app[SETTINGS].body_timeout_seconds
+    try:
+        async with asyncio.timeout(seconds):
+            return await request.read()
+    except TimeoutError:
+        # Answered at once; aiohttp then closes the connection (after at most its 10 s of
+        # lingering for the rest of the body).
+        raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
+
+
 async def read_body(request: web.Request, adapter: pydantic.TypeAdapter[Any]) -> Any:
-    raw = await request.read()
+    raw = await read_bytes(request)
     if not raw.strip():
         raise BadRequest("request body is required (JSON)")
     check_json(request, raw)

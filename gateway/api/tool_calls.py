@@ -12,7 +12,13 @@ from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from typing_extensions import TypedDict
 
 from gateway.api.models import Out, Page, QueryTimestamp, Timestamp
-from gateway.api.routing import Routes, check_json, json_response, validation_detail
+from gateway.api.routing import (
+    Routes,
+    check_json,
+    json_response,
+    read_bytes,
+    validation_detail,
+)
 from gateway.auth import PRINCIPAL, READ, USE
 from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.db import tool_calls as tool_calls_db
@@ -126,7 +132,7 @@ def _parse(raw: bytes) -> tuple[list[ToolCallIn], bool]:
     access=USE,
     status=201,
     response=ToolCallOut | ToolCallsCreated,
-    errors=(400, 404, 413, 415, 422),
+    errors=(400, 404, 408, 413, 415, 422),
     request_body=ToolCallIn | list[ToolCallIn],
 )
 async def ingest(request: web.Request) -> web.Response:
@@ -135,7 +141,7 @@ async def ingest(request: web.Request) -> web.Response:
     `tool_name` and `status` required; `created_at` defaults to the time of receipt. Every
     server must be in your workspace (else 404, and nothing is stored). A 201 means the calls
     are committed: a following GET /tool-calls sees them."""
-    raw = await request.read()
+    raw = await read_bytes(request)
     check_json(request, raw)
     calls, many = _parse(raw)
     app = request.app

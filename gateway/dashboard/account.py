@@ -49,7 +49,14 @@ async def login(request: web.Request) -> web.StreamResponse:
         body = validated(LoginIn, {"email": email, "password": field_text(request, "password")})
         user = await accounts.log_in(request, body.email, body.password)
     except FormInvalid as exc:
-        return await _form(request, "login.html", exc.errors, 422, next=next_page, email=email)
+        return await _form(
+            request,
+            "login.html",
+            exc.errors,
+            422,
+            next=next_page,
+            email=email,
+        )
     except ApiError as exc:  # wrong password (401), too many attempts (429)
         return await _form(
             request,
@@ -76,6 +83,7 @@ async def signup_page(request: web.Request) -> dict[str, Any] | web.StreamRespon
         "invite": invite,
         "invite_token": token if invite else "",
         "errors": {},
+        "refusal": accounts.signup_refusal(request, token if invite else None),
     }
 
 
@@ -100,6 +108,7 @@ async def signup(request: web.Request) -> web.StreamResponse:
             values=values,
             invite=invite,
             invite_token=token,
+            refusal=None,
         )
     except ApiError as exc:  # email taken (400), invitation gone (404), rate limit (429)
         return await _form(
@@ -111,6 +120,7 @@ async def signup(request: web.Request) -> web.StreamResponse:
             values=values,
             invite=invite,
             invite_token=token,
+            refusal=None,
         )
     return await _signed_in_at(request, user.id, workspace["id"], "/")
 

@@ -22,6 +22,7 @@ from multidict import MultiDictProxy
 from yarl import URL
 
 from gateway import accounts
+from gateway.api.routing import read_bytes
 from gateway.auth import PRINCIPAL, Role
 from gateway.dashboard import sessions
 from gateway.db import dashboard_sessions as sessions_db
@@ -29,7 +30,7 @@ from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
 from gateway.db.users import User
 from gateway.errors import ApiError, BadRequest, Forbidden, NotFound
-from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, POOL
+from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, POOL, SETTINGS
 
 View = Callable[[web.Request], Awaitable[dict[str, Any] | web.StreamResponse]]
 T = TypeVar("T")
@@ -87,6 +88,7 @@ def _wrap(
         elif signed_in:
             return redirect(login_url(request))
         if request.method == "POST":
+            await read_bytes(request)  # within the body timeout; post() then parses it
             try:
                 form = await request.post()
             except (UnicodeDecodeError, ValueError):  # not UTF-8, a broken multipart body
@@ -150,6 +152,7 @@ async def _common(request: web.Request) -> dict[str, Any]:
     context: dict[str, Any] = {
         "csrf_token": sessions.csrf_token(request),
         "path": request.path,
+        "signup_open": request.app[SETTINGS].signup == "open",
         "section": "",
         "user": None,
         "workspaces": [],

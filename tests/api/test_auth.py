@@ -486,3 +486,23 @@ def _parse(timestamp: str) -> datetime:
     parsed = datetime.fromisoformat(timestamp)
     assert parsed.utcoffset() == timedelta(0), timestamp
     return parsed
+
+
+async def test_signup_policy(make_api: AppFactory) -> None:
+    """GATEWAY_SIGNUP: open to anyone (the default), to invited people only, or closed."""
+    body = {"email": "new@example.com", "password": "password123", "name": "New"}
+    closed = await make_api(signup="closed")
+    reply = await closed.post("/auth/signup", json=body, expect=403)
+    assert reply.detail.startswith("signing up is closed on this gateway")
+    invite_only = await make_api(signup="invite")
+    reply = await invite_only.post("/auth/signup", json=body, expect=403)
+    assert "needs an invitation" in reply.detail
+    # Somebody already in (created another way) invites: the invitee may sign up.
+    open_ = await make_api()
+    owner = await open_.org(await open_.signup())
+    invite = await open_.invite(owner, "new@example.com")
+    token = invite["invite_url"].rsplit("/", 1)[1]
+    created = await invite_only.post(
+        "/auth/signup", json={**body, "invite_token": token}, expect=201
+    )
+    assert created.body["workspace"]["id"] == owner.workspace_id

@@ -3,9 +3,12 @@ characters, numbers and times beyond what PostgreSQL stores, non-standard JSON, 
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 
+from tests.conftest import AppFactory
 from tests.support import Account, Api
 from tests.test_proxy import add_server
 
@@ -165,3 +168,36 @@ async def test_options_answered_405_says_what_is_allowed(api: Api) -> None:
     reply = await api.request("OPTIONS", "/servers")
     assert reply.status == 405
     assert set(reply.headers["Allow"].split(",")) == {"GET", "POST"}
+
+
+async def slow_body(port: int, request_line: bytes, headers: bytes) -> bytes:
+    """Complete headers, then a tenth of the announced body, then nothing: the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        request_line + b"\r\nHost: gateway\r\nContent-Type: application/json\r\n" + headers
+        + b"Content-Length: 100\r\n\r\n" + b'{"name": "'
+    )  # fmt: skip
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(65536), 20)  # the answer, in one piece
+    finally:
+        writer.close()
+
+
+async def test_a_body_that_does_not_arrive_is_408(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    api = await make_api(body_timeout_seconds=0.3)
+    owner, server_id = await owner_with_server(api, db)
+    port = api.client.port
+    assert port is not None
+    auth = f"Authorization: Bearer {owner.access_token}\r\n".encode()
+    for request_line in (
+        b"POST /api/v1/servers HTTP/1.1",
+        b"POST /api/v1/tool-calls HTTP/1.1",
+        b"POST /api/v1/proxy/" + server_id.encode() + b"/mcp HTTP/1.1",
+        b"POST /login HTTP/1.1",
+    ):
+        answer = await slow_body(port, request_line, auth)
+        assert answer.startswith(b"HTTP/1.1 408"), (request_line, answer[:100])
+        assert b"did not arrive within 0.3 s" in answer

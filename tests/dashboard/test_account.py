@@ -265,3 +265,13 @@ async def test_switching_workspace(api: Api, browser_for: BrowserFactory) -> Non
     assert page.status == 404
     page = await browser.post("/switch", {"workspace_id": "not-a-uuid"})
     assert page.status == 404
+
+
+async def test_the_signup_page_follows_the_signup_policy(make_api: AppFactory) -> None:
+    closed = Browser(await make_api(signup="closed"))
+    try:
+        page = await closed.get("/signup")
+        assert page.has("signing up is closed") and 'action="/signup"' not in page.text
+        assert not (await closed.get("/login")).has("Sign up")
+    finally:
+        await closed.close()
