@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
-from gateway.api.models import Body, HttpUrl, Name, Out, Page, refuse_literal_destination
+from gateway.api.models import WHOLE, Body, HttpUrl, Name, Out, Page, refuse_literal_destination
 from gateway.api.routing import Routes
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import alerts as alerts_db
@@ -34,7 +34,7 @@ def _finite(value: float) -> float:
 
 WebhookUrl = HttpUrl
 Threshold = Annotated[float, AfterValidator(_finite)]
-WindowMinutes = Annotated[int, Field(ge=1, le=1440, description="1..1440")]
+WindowMinutes = Annotated[int, Field(ge=1, le=1440, description="1..1440"), WHOLE]
 
 
 class RuleIn(Body):
@@ -49,8 +49,22 @@ class RuleIn(Body):
     enabled: bool = True
 
 
+_NOT_NULL = ("name", "metric", "operator", "threshold", "window_minutes", "enabled")
+
+
+def _null_not_offered(schema: dict[str, Any]) -> None:
+    """The document offers no null for the fields RulePatch refuses as null."""
+    for name in _NOT_NULL:
+        field = schema["properties"][name]
+        del field["default"]
+        [kind] = [choice for choice in field.pop("anyOf") if choice != {"type": "null"}]
+        field.update(kind)
+
+
 class RulePatch(Body):
     """Only the fields present change; server_id and the URLs may be set to null."""
+
+    model_config = ConfigDict(json_schema_extra=_null_not_offered)
 
     name: Name | None = None
     server_id: uuid.UUID | None = None
@@ -63,7 +77,7 @@ class RulePatch(Body):
     enabled: bool | None = None
 
     # Defaults are not validated, so this only sees an explicit null.
-    @field_validator("name", "metric", "operator", "threshold", "window_minutes", "enabled")
+    @field_validator(*_NOT_NULL)
     @classmethod
     def _not_null(cls, value: object) -> object:
         if value is None:

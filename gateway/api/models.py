@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+import email_validator
 from aiohttp import web
 from pydantic import (
     AfterValidator,
@@ -16,12 +19,86 @@ from pydantic import (
     ConfigDict,
     EmailStr,
     Field,
+    GetJsonSchemaHandler,
     StringConstraints,
     field_validator,
 )
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
+from gateway.db.types import BIGINT_MAX
 from gateway.errors import ValidationFailed
 from gateway.keys import SETTINGS
+
+
+@dataclass(frozen=True, slots=True)
+class Documented:
+    """A pattern for the OpenAPI document only, stating what a field's validators refuse in
+    terms a client (or a fuzzer) can check before sending: the validators stay the rule and
+    give the readable message; the pattern may be stricter, never looser."""
+
+    pattern: str
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema["pattern"] = self.pattern
+        return json_schema
+
+
+def any_case(word: str) -> str:
+    """A regex for a word in any letter case (JSON Schema patterns take no flags)."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+# Text with anything but NUL (PostgreSQL cannot store it); the document's default for text.
+NUL_FREE = r"^[^\u0000]*$"
+
+
+class DocumentSchema(GenerateJsonSchema):
+    """JSON Schema for the OpenAPI document. Inputs are refused with a NUL character in any
+    text, so every input text without a pattern of its own says so."""
+
+    def str_schema(self, schema: core_schema.StringSchema) -> JsonSchemaValue:
+        json_schema = super().str_schema(schema)
+        if self.mode == "validation":
+            json_schema.setdefault("pattern", NUL_FREE)
+        return json_schema
+
+
+# Text that whitespace stripping leaves as it is and non-empty.
+TRIMMED = r"^[^\s\u0000](?:[^\u0000]*[^\s\u0000])?$"
+
+# The URLs _http_url takes, as far as a pattern can say (IPv6 literals and international names
+# are taken too, but not described).
+_PORT = r"(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_LABEL = r"[A-Za-z0-9_~%!$&'()*+,;=-]{1,63}"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_QUAD = rf"(?:{_OCTET}\.){{3}}{_OCTET}"
+URL_PATTERN = (
+    rf"^{any_case('http')}[sS]?://"
+    # A dotted quad (link-local ones are always refused), or a name that is not all digits.
+    rf"(?:(?!169\.254\.){_QUAD}|(?![0-9.]+(?:[:/?#]|$))(?:{_LABEL}\.)*{_LABEL})"
+    rf"(?::{_PORT})?(?:[/?#][!-~]*)?$"
+)
+
+
+def _check_host(host: str) -> None:
+    """A host the gateway's HTTP client can dial: aiohttp refuses the legacy numeric forms of
+    IPv4 (127.1, 2130706433) and IDNA names with empty or overlong labels fail to encode."""
+    if ":" in host:
+        return  # an IPv6 literal, which urlsplit has checked
+    if host.replace(".", "").isdigit():
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError("has a numeric host that is not a dotted-quad IPv4 address") from None
+        return
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        raise ValueError("has an invalid host name (empty or overlong label)") from None
 
 
 def _http_url(value: str) -> str:
@@ -32,6 +109,7 @@ def _http_url(value: str) -> str:
         raise ValueError("has an invalid port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL with a host")
+    _check_host(parts.hostname)
     if any(c.isspace() for c in value):
         raise ValueError("must not contain whitespace")
     if "@" in parts.netloc:
@@ -45,6 +123,7 @@ HttpUrl = Annotated[
     str,
     StringConstraints(strip_whitespace=True, min_length=1, max_length=2048),
     AfterValidator(_http_url),
+    Documented(URL_PATTERN),
 ]
 
 
@@ -58,8 +137,6 @@ def refuse_literal_destination(request: web.Request, field: str, url: str | None
         )
 
 
-# PostgreSQL's bigint: larger offsets cannot even be sent to it.
-BIGINT_MAX = 2**63 - 1
 _NUL_FREE = "must not contain NUL characters"
 
 
@@ -122,7 +199,7 @@ def _in_utc(value: datetime) -> datetime:
 
 # A point in time from a client, always in UTC once validated: in a query ISO 8601 only (a
 # strict JSON body takes no number for a datetime anyway).
-Timestamp = Annotated[datetime, AfterValidator(_in_utc)]
+Timestamp = Annotated[datetime, AfterValidator(_in_utc), Documented(r"^(?!0001-|9999-)")]
 QueryTimestamp = Annotated[Timestamp, BeforeValidator(_timestamp_text)]
 
 
@@ -136,12 +213,38 @@ class Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Email = Annotated[EmailStr, BeforeValidator(_normalise_email)]
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+# email-validator wants a domain with a dot, ending with a letter, not special-use (.local,
+# .test, ...): the document says so.
+_SPECIAL_USE = "|".join(any_case(d) for d in email_validator.SPECIAL_USE_DOMAIN_NAMES)
+EMAIL_PATTERN = (
+    rf"^[^\u0000@]+@(?!(?:[^@]*\.)?(?:{_SPECIAL_USE})$)"
+    r"[^\u0000@.]+(?:\.[^\u0000@.]+)*\.[^\u0000@.]*[A-Za-z]$"
+)
+Email = Annotated[
+    EmailStr,
+    BeforeValidator(_normalise_email),
+    Documented(EMAIL_PATTERN),
+]
+Name = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    Documented(TRIMMED),
+]
 Password = Annotated[str, StringConstraints(min_length=8, max_length=1024)]
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{1,62}$")]
 RoleName = Literal["owner", "admin", "member"]
 InviteRole = Literal["admin", "member"]
+
+
+def _whole(value: object) -> object:
+    # JSON has one kind of number: 5.0 is the integer 5 (as JSON Schema says), which pydantic's
+    # strict mode would refuse.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Last in the Annotated of an int in a JSON body, after its constraints (which then still
+# show in the document): Annotated[int, Field(ge=0), WHOLE].
+WHOLE = BeforeValidator(_whole)
 
 Limit = Annotated[int, Field(ge=1, le=200, description="page size (max 200)")]
 Offset = Annotated[int, Field(ge=0, le=BIGINT_MAX, description="rows to skip")]

@@ -11,6 +11,7 @@ import pydantic
 import swagger_ui_bundle
 from aiohttp import web
 
+from gateway.api.models import NUL_FREE, DocumentSchema
 from gateway.api.routing import API_PREFIX, Endpoint, Routes, json_response
 from gateway.auth import PUBLIC
 from gateway.keys import OPENAPI_DOCUMENT
@@ -36,7 +37,11 @@ class _Components:
         self.schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA}
 
     def schema_of(self, annotation: Any, mode: str) -> dict[str, Any]:
-        schema = pydantic.TypeAdapter(annotation).json_schema(ref_template=_REF, mode=mode)  # type: ignore[arg-type]
+        schema = pydantic.TypeAdapter(annotation).json_schema(
+            ref_template=_REF,
+            mode=mode,  # type: ignore[arg-type]
+            schema_generator=DocumentSchema,
+        )
         self.schemas.update(schema.pop("$defs", {}))
         if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
             name = annotation.__name__
@@ -51,12 +56,16 @@ def _parameters(endpoint: Endpoint, components: _Components) -> list[dict[str, A
             "name": name,
             "in": "path",
             "required": True,
-            "schema": _UUID_SCHEMA if kind is uuid.UUID else {"type": "string"},
+            "schema": _UUID_SCHEMA
+            if kind is uuid.UUID
+            else {"type": "string", "pattern": NUL_FREE},
         }
         for name, kind in endpoint.path_params
     ]
     if endpoint.query is not None:
-        schema = endpoint.query.model_json_schema(ref_template=_REF)
+        schema = endpoint.query.model_json_schema(
+            ref_template=_REF, schema_generator=DocumentSchema
+        )
         required = set(schema.get("required", []))
         for name, prop in schema.get("properties", {}).items():
             param = {"name": name, "in": "query", "required": name in required, "schema": prop}

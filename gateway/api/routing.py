@@ -275,6 +275,17 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     )
 
 
+def _routed(endpoint: Endpoint) -> str:
+    """The path as the router matches it: a UUID placeholder takes hex digits and hyphens
+    only, so `/members/invite` never reaches the `/members/{user_id}` handlers and a 405's
+    Allow lists just the methods the path really has."""
+    path = endpoint.path
+    for name, kind in endpoint.path_params:
+        if kind is uuid.UUID:
+            path = path.replace(f"{{{name}}}", f"{{{name}:[0-9A-Fa-f-]+}}")
+    return path
+
+
 def mount(app: web.Application, modules: Iterable[Routes]) -> list[Endpoint]:
     """Add every endpoint under /api/v1; returns them for the OpenAPI document. ENDPOINT_OF
     maps each handler function to its endpoint (the dashboard calls handlers under the same
@@ -284,7 +295,7 @@ def mount(app: web.Application, modules: Iterable[Routes]) -> list[Endpoint]:
     for routes in modules:
         for endpoint, fn in routes.endpoints:
             app.router.add_route(
-                endpoint.method, API_PREFIX + endpoint.path, _Handler(endpoint, fn).handle
+                endpoint.method, API_PREFIX + _routed(endpoint), _Handler(endpoint, fn).handle
             )
             endpoints.append(endpoint)
             endpoint_of.setdefault(fn, endpoint)

@@ -9,10 +9,21 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 from aiohttp import web
-from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from gateway.api.health import HealthCheckOut
-from gateway.api.models import Body, HttpUrl, Name, Out, Query, refuse_literal_destination
+from gateway.api.models import (
+    TRIMMED,
+    Body,
+    Documented,
+    DocumentSchema,
+    HttpUrl,
+    Name,
+    Out,
+    Query,
+    any_case,
+    refuse_literal_destination,
+)
 from gateway.api.routing import Routes, validation_detail
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import servers as servers_db
@@ -44,6 +55,9 @@ _RESERVED_HEADERS = frozenset(
 )
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+# The same rules, for the document.
+_RESERVED = "|".join(any_case(name) for name in sorted(_RESERVED_HEADERS))
+_HEADER_NAME_PATTERN = rf"^(?!(?:{_RESERVED})$){_HEADER_NAME.pattern}$"
 
 
 def _header_name(value: str) -> str:
@@ -71,10 +85,15 @@ def _unique(tags: list[str]) -> list[str]:
 
 
 Description = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)]
-Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
+Tag = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64), Documented(TRIMMED)
+]
 Tags = Annotated[list[Tag], Field(max_length=50), AfterValidator(_unique)]
 HeaderSafe = Annotated[
-    str, StringConstraints(min_length=1, max_length=8192), AfterValidator(_header_safe)
+    str,
+    StringConstraints(min_length=1, max_length=8192),
+    AfterValidator(_header_safe),
+    Documented(r"^[\x20-\x7e]+$"),
 ]
 
 
@@ -83,13 +102,21 @@ class BearerCredentials(Body):
 
 
 class ApiKeyCredentials(Body):
-    header_name: Annotated[str, StringConstraints(max_length=256), AfterValidator(_header_name)]
+    header_name: Annotated[
+        str,
+        StringConstraints(max_length=256),
+        AfterValidator(_header_name),
+        Documented(_HEADER_NAME_PATTERN),
+    ]
     header_value: HeaderSafe
 
 
 class BasicCredentials(Body):
     username: Annotated[
-        str, StringConstraints(min_length=1, max_length=1024), AfterValidator(_no_colon)
+        str,
+        StringConstraints(min_length=1, max_length=1024),
+        AfterValidator(_no_colon),
+        Documented(r"^[^:\u0000]+$"),
     ]
     password: Annotated[str, StringConstraints(max_length=8192)]
 
@@ -100,6 +127,11 @@ _CREDENTIAL_MODELS: dict[str, type[Body]] = {
     "basic": BasicCredentials,
 }
 
+_CREDENTIAL_SCHEMAS = {
+    name: {"title": name, **model.model_json_schema(schema_generator=DocumentSchema)}
+    for name, model in _CREDENTIAL_MODELS.items()
+}
+
 # Validated against the auth_type by the handlers (the shape depends on a sibling field, or for
 # a PATCH on the stored type); the document shows the three shapes.
 Credentials = Annotated[
@@ -108,17 +140,30 @@ Credentials = Annotated[
         {
             "type": "object",
             "description": "write-only; the shape follows auth_type",
-            "oneOf": [
-                {"title": "bearer", **BearerCredentials.model_json_schema()},
-                {"title": "api_key", **ApiKeyCredentials.model_json_schema()},
-                {"title": "basic", **BasicCredentials.model_json_schema()},
-            ],
+            "oneOf": list(_CREDENTIAL_SCHEMAS.values()),
         }
     ),
 ]
 
 
+def _credentials_follow_auth_type(schema: dict[str, Any]) -> None:
+    """The document states the rule _credentials applies: no credentials without an
+    auth_type, and those of its shape with one."""
+    schema["oneOf"] = [
+        {"properties": {"auth_type": {"type": "null"}, "auth_credentials": {"type": "null"}}},
+        *(
+            {
+                "properties": {"auth_type": {"const": name}, "auth_credentials": shape},
+                "required": ["auth_type", "auth_credentials"],
+            }
+            for name, shape in _CREDENTIAL_SCHEMAS.items()
+        ),
+    ]
+
+
 class ServerIn(Body):
+    model_config = ConfigDict(json_schema_extra=_credentials_follow_auth_type)
+
     name: Name
     url: HttpUrl = Field(description="http(s) URL of the MCP endpoint (streamable HTTP)")
     description: Description = ""
@@ -133,6 +178,10 @@ class ServerPatch(Body):
     """Only supplied fields change. `auth_type: null` clears the credentials; a new auth_type
     needs `auth_credentials` of its shape; `auth_credentials` alone replaces those of the
     current auth_type."""
+
+    # The document describes the safe subset: credentials alone fit the stored auth_type,
+    # which a schema cannot know.
+    model_config = ConfigDict(json_schema_extra=_credentials_follow_auth_type)
 
     name: Name | None = None
     url: HttpUrl | None = None

@@ -11,7 +11,15 @@ from aiohttp import web
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from typing_extensions import TypedDict
 
-from gateway.api.models import Out, Page, QueryTimestamp, Timestamp
+from gateway.api.models import (
+    TRIMMED,
+    WHOLE,
+    Documented,
+    Out,
+    Page,
+    QueryTimestamp,
+    Timestamp,
+)
 from gateway.api.routing import (
     Routes,
     check_json,
@@ -22,6 +30,7 @@ from gateway.api.routing import (
 from gateway.auth import PRINCIPAL, READ, USE
 from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.db import tool_calls as tool_calls_db
+from gateway.db.types import BIGINT_MAX
 from gateway.errors import BadRequest, NotFound, ValidationFailed
 from gateway.keys import CALL_LOG, POOL, UPSTREAMS
 
@@ -30,11 +39,15 @@ routes = Routes("tool calls")
 MAX_BATCH = 1000
 _INT32 = 2**31 - 1
 
-ToolName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=255)]
+ToolName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=255),
+    Documented(TRIMMED),
+]
 # Indexed with the workspace (and in the rollups' keys): PostgreSQL refuses index entries over
 # 2,704 bytes, which 1,000 characters of CJK text would reach.
 CallerAgent = Annotated[str, StringConstraints(max_length=255)]
-Count = Annotated[int, Field(ge=0, le=_INT32)]
+Count = Annotated[int, Field(ge=0, le=_INT32), WHOLE]
 Status = Literal["success", "error"]
 
 
@@ -51,10 +64,14 @@ class ToolCallIn(TypedDict):
     duration_ms: NotRequired[Count | None]
     input_tokens: NotRequired[Count | None]
     output_tokens: NotRequired[Count | None]
-    output_size_bytes: NotRequired[Annotated[int, Field(ge=0, le=2**63 - 1)] | None]
+    output_size_bytes: NotRequired[Annotated[int, Field(ge=0, le=BIGINT_MAX), WHOLE] | None]
     error_message: NotRequired[Annotated[str, StringConstraints(max_length=10_000)] | None]
     # Naive timestamps are taken as UTC; absent means the time of receipt.
     created_at: NotRequired[Timestamp | None]
+
+
+# What the document says of an array body (ingest checks it itself).
+Batch = Annotated[list[ToolCallIn], Field(min_length=1, max_length=MAX_BATCH)]
 
 
 class ToolCallOut(Out):
@@ -133,7 +150,8 @@ def _parse(raw: bytes) -> tuple[list[ToolCallIn], bool]:
     status=201,
     response=ToolCallOut | ToolCallsCreated,
     errors=(400, 404, 408, 413, 415, 422),
-    request_body=ToolCallIn | list[ToolCallIn],
+    request_body=ToolCallIn
+    | Annotated[list[ToolCallIn], Field(min_length=1, max_length=MAX_BATCH)],
 )
 async def ingest(request: web.Request) -> web.Response:
     """The body is one tool call object (answered with the stored call) or an array of up to

@@ -10,7 +10,6 @@ from aiohttp import web
 from gateway.api import alerts as alerts_api
 from gateway.api import servers as servers_api
 from gateway.api.alerts import EventsQuery, EventType, Metric, Operator, RuleIn, RulePatch
-from gateway.api.models import BIGINT_MAX
 from gateway.api.servers import ServerQuery
 from gateway.dashboard.pages import (
     PAGE_SIZE,
@@ -29,6 +28,7 @@ from gateway.dashboard.pages import (
     validated,
 )
 from gateway.db import alerts as alerts_db
+from gateway.db.types import BIGINT_MAX
 from gateway.errors import ApiError, Forbidden
 
 pages = Pages()

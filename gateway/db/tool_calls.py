@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.db import rollups
 from gateway.db.rollups import ceil_hour, floor_hour
-from gateway.db.types import Connection, Executor
+from gateway.db.types import BIGINT_MAX, Connection, Executor
 
 # The order of a ToolCall record (gateway.calllog) and of the COPY.
 COLUMNS = (
@@ -172,7 +172,7 @@ async def _items(
             SELECT per_tool.* FROM unnest({names}::text[]) AS n (name)
             CROSS JOIN LATERAL (
                 SELECT * FROM tool_calls WHERE {where} {_NEWEST_FIRST}
-                LIMIT {limit_p}::bigint + {offset_p}::bigint
+                LIMIT {sql.param(min(limit + offset, BIGINT_MAX))}
             ) AS per_tool
             {_NEWEST_FIRST} LIMIT {limit_p} OFFSET {offset_p}
         """

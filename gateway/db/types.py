@@ -11,3 +11,6 @@ from asyncpg.pool import PoolConnectionProxy
 Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 # Single statements run on either the pool or a connection inside a transaction.
 Executor: TypeAlias = asyncpg.Pool | Connection
+
+# PostgreSQL's bigint: larger numbers cannot even be sent to it.
+BIGINT_MAX = 2**63 - 1

@@ -488,6 +488,8 @@ class McpClient:
             raise McpTimeoutError(f"timed out after {self._timeout:g} s") from exc
         except aiohttp.ClientError as exc:
             raise _connection_error(exc, self._where) from exc
+        except UnicodeError as exc:  # a host name IDNA cannot encode (stored before it was checked)
+            raise McpConnectionError("invalid upstream URL") from exc
         except SseError as exc:
             raise McpResponseError(str(exc)) from exc
 

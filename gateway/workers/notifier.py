@@ -181,7 +181,7 @@ async def _post(
                 error = f"HTTP {status_code}" + (f": {text}" if text else "")
     except TimeoutError:
         error = f"timed out after {timeout_seconds:g} s"
-    except aiohttp.ClientError as exc:
+    except (aiohttp.ClientError, UnicodeError) as exc:  # UnicodeError: a host IDNA cannot encode
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     duration_ms = (time.perf_counter() - started) * 1000
     return Attempt(attempted_at, duration_ms, status_code, error)

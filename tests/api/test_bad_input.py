@@ -94,6 +94,19 @@ async def test_offsets_beyond_a_bigint(api: Api, db: asyncpg.Connection, path: s
     await api.get(path, params={"offset": 2**63 - 1}, auth=owner, expect=200)
 
 
+async def test_the_largest_offset_with_several_tools_matching(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """A tool_name matching several tools pages through each of them: limit + offset must not
+    leave the bigint range either."""
+    owner, server_id = await owner_with_server(api, db)
+    calls = [{"server_id": server_id, "tool_name": n, "status": "success"} for n in ("ab", "abc")]
+    await api.post("/tool-calls", json=calls, auth=owner, expect=201)
+    params = {"tool_name": "ab", "offset": 2**63 - 1, "limit": 200}
+    reply = await api.get("/tool-calls", params=params, auth=owner, expect=200)
+    assert reply.body == {"items": [], "total": 2}
+
+
 async def test_times_at_the_edges_and_numbers_are_not_timestamps(
     api: Api, db: asyncpg.Connection
 ) -> None:
@@ -168,6 +181,69 @@ async def test_options_answered_405_says_what_is_allowed(api: Api) -> None:
     reply = await api.request("OPTIONS", "/servers")
     assert reply.status == 405
     assert set(reply.headers["Allow"].split(",")) == {"GET", "POST"}
+
+
+async def test_a_fixed_path_segment_is_never_taken_for_an_id(api: Api) -> None:
+    """/members/invite is not /members/{user_id}: its Allow lists POST alone, and an id that
+    is not hex is unknown before any handler runs."""
+    owner = await api.org(await api.signup())
+    ws = f"/workspaces/{owner.workspace_id}"
+    for method in ("OPTIONS", "DELETE", "PATCH"):
+        reply = await api.request(method, f"{ws}/members/invite", auth=owner, expect=405)
+        assert reply.headers["Allow"] == "POST"
+    await api.delete(f"{ws}/members/not-an-id", auth=owner, expect=404)
+    await api.get("/servers/zzz", auth=owner, expect=404)
+
+
+async def test_a_whole_number_written_with_a_fraction_is_an_integer(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """JSON has one kind of number: 5.0 is the integer 5, as JSON Schema says; 5.5 is not."""
+    owner, server_id = await owner_with_server(api, db)
+    rule = {"name": "r", "metric": "call_count", "operator": ">", "threshold": 1}
+    created = await api.post(
+        "/alerts/rules", json={**rule, "window_minutes": 5.0}, auth=owner, expect=201
+    )
+    assert created.body["window_minutes"] == 5
+    refused = await api.post(
+        "/alerts/rules", json={**rule, "window_minutes": 5.5}, auth=owner, expect=422
+    )
+    assert refused.detail == "body.window_minutes: Input should be a valid integer"
+    call = {"server_id": server_id, "tool_name": "t", "status": "success", "duration_ms": 12.0}
+    stored = await api.post("/tool-calls", json=call, auth=owner, expect=201)
+    assert stored.body["duration_ms"] == 12
+    refused = await api.patch(
+        f"/alerts/rules/{created.body['id']}", json={"window_minutes": 0.5}, auth=owner
+    )
+    assert refused.status == 422 and refused.detail.startswith("body.window_minutes:")
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://0/mcp", "numeric host that is not a dotted-quad IPv4 address"),
+        ("http://127.1/mcp", "numeric host that is not a dotted-quad IPv4 address"),
+        ("http://2130706433/mcp", "numeric host that is not a dotted-quad IPv4 address"),
+        ("http://10.0.0.010/mcp", "numeric host that is not a dotted-quad IPv4 address"),
+        ("http://a..example/mcp", "invalid host name"),
+        (f"http://{'a' * 64}.example/mcp", "invalid host name"),
+    ],
+)
+async def test_urls_the_gateway_could_never_dial_are_refused(
+    api: Api, db: asyncpg.Connection, url: str, why: str
+) -> None:
+    owner, _ = await owner_with_server(api, db)
+    before = await row_counts(db)
+    reply = await api.post("/servers", json={"name": "s", "url": url}, auth=owner, expect=422)
+    assert reply.detail.startswith("body.url: ") and why in reply.detail
+    rule = {"name": "r", "metric": "call_count", "operator": ">", "threshold": 1}
+    rule |= {"window_minutes": 5, "webhook_url": url}
+    reply = await api.post("/alerts/rules", json=rule, auth=owner, expect=422)
+    assert reply.detail.startswith("body.webhook_url: ") and why in reply.detail
+    assert await row_counts(db) == before
+    await api.post(
+        "/servers", json={"name": "ok", "url": "http://10.0.0.10:8080/mcp"}, auth=owner, expect=201
+    )
 
 
 async def slow_body(port: int, request_line: bytes, headers: bytes) -> bytes:
