@@ -16,6 +16,8 @@ ENV GATEWAY_HOST=0.0.0.0 \
     GATEWAY_PORT=8080 \
     GATEWAY_DATA_DIR=/home/gateway/data
 EXPOSE 8080
-HEALTHCHECK --interval=30s --timeout=3s CMD python -c "import urllib.request,os; urllib.request.urlopen(f'http://127.0.0.1:{os.environ[\"GATEWAY_PORT\"]}/api/v1/openapi.json', timeout=2)"
-# Applies the schema at start (idempotent, safe with several replicas), then serves.
+# Ready: PostgreSQL answers, the schema is current, the call log has room (GET /readyz).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s CMD python -c "import urllib.request,os; urllib.request.urlopen(f'http://127.0.0.1:{os.environ[\"GATEWAY_PORT\"]}/readyz', timeout=2)"
+# Applies the schema at start (idempotent, safe with several replicas), then serves with
+# GATEWAY_WORKERS processes (default 1; auto: one per core).
 CMD ["mcp-gateway", "serve"]

@@ -50,6 +50,7 @@ from gateway.keys import (
 )
 from gateway.mailer import Mailer
 from gateway.ratelimit import AuthRateLimiter
+from gateway.readiness import setup_readiness
 from gateway.security.secretbox import SecretBox
 from gateway.shared_cache import create_shared_cache
 from gateway.tool_lists import ToolLists
@@ -57,9 +58,9 @@ from gateway.upstreams import Upstreams
 from gateway.workers.alert_evaluator import run_alert_evaluator
 from gateway.workers.api_key_usage import record_key_usage
 from gateway.workers.cache_listener import listen_for_invalidations
-from gateway.workers.health_retention import run_retention
 from gateway.workers.notifier import DeliveryPolicy, run_notifier
 from gateway.workers.prober import Prober
+from gateway.workers.retention import run_retention
 from gateway.workers.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     tasks.start("api-key-usage", record_key_usage(app[POOL], app[AUTHENTICATOR]))
     if settings.run_workers:
         tasks.start("prober", Prober.from_app(app).run_forever())
-        tasks.start("health-retention", run_retention(app[POOL], settings.health_retention_days))
+        tasks.start("retention", run_retention(app[POOL], settings))
         # The evaluator only queues notifications and wakes the notifier; it never waits on one.
         notify = asyncio.Event()
         interval = settings.alert_eval_interval_seconds
@@ -193,5 +194,6 @@ def create_app(settings: Settings) -> web.Application:
     openapi.add_docs_static(app)
     proxy.setup_response_headers(app)
     setup_dashboard(app)
+    setup_readiness(app)
     app.cleanup_ctx.extend([_database, _call_log, _http_client, _shared_cache, _background_tasks])
     return app

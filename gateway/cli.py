@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 import time
 import uuid
@@ -30,6 +31,15 @@ log = logging.getLogger("gateway")
 _GC_YOUNG_THRESHOLD = 10_000
 
 
+def _worker_count(raw: str) -> int:
+    if raw == "auto":
+        return os.cpu_count() or 1
+    count = int(raw)
+    if count < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, or auto")
+    return count
+
+
 def _settings() -> Settings:
     """Settings from the environment, with the embedded PostgreSQL when DATABASE_URL is unset."""
     settings = with_local_secrets(Settings.from_env())
@@ -39,17 +49,41 @@ def _settings() -> Settings:
 
 
 def serve(args: argparse.Namespace) -> None:
+    settings = _settings()
+    settings = settings.replace(
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        workers=args.workers or settings.workers,
+    )
+    if settings.workers == 1:
+        log.info("mcp-gateway listening on http://%s:%d", settings.host, settings.port)
+        serve_process(settings)
+        return
+    from gateway.supervisor import Supervisor
+
+    log.info(
+        "mcp-gateway listening on http://%s:%d with %d worker processes",
+        settings.host,
+        settings.port,
+        settings.workers,
+    )
+    Supervisor(settings, settings.workers, serve_process).run()
+
+
+def serve_process(settings: Settings) -> None:
+    """One gateway process until SIGTERM or SIGINT (then it drains). A worker of several binds
+    the shared port with SO_REUSEPORT; it starts in a fresh interpreter, so it sets up its log."""
     from gateway.app import create_app  # the app pulls in everything; other commands need less
 
-    settings = _settings()
-    settings = settings.replace(host=args.host or settings.host, port=args.port or settings.port)
-    log.info("mcp-gateway listening on http://%s:%d", settings.host, settings.port)
+    if settings.worker_id:
+        _configure_logging(f"worker {settings.worker_id} ")
     app = create_app(settings)
     app.on_startup.append(_freeze_startup_objects)  # after the cleanup contexts have started
     web.run_app(
         app,
         host=settings.host,
         port=settings.port,
+        reuse_port=settings.workers > 1,
         loop=uvloop.new_event_loop(),
         access_log=None,
         print=None,
@@ -60,6 +94,13 @@ def serve(args: argparse.Namespace) -> None:
         # upstream next writes) and logs the call as cancelled by the caller.
         handler_cancellation=True,
     )
+
+
+def _configure_logging(prefix: str = "") -> None:
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("pgserver").setLevel(logging.WARNING)  # it logs every pg_ctl call
 
 
 async def _freeze_startup_objects(_app: web.Application) -> None:
@@ -143,6 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     serve_cmd = commands.add_parser("serve", help="run the HTTP server")
     serve_cmd.add_argument("--host", help="address to bind (default GATEWAY_HOST or 127.0.0.1)")
     serve_cmd.add_argument("--port", type=int, help="port (default GATEWAY_PORT or 8080)")
+    serve_cmd.add_argument(
+        "--workers",
+        type=_worker_count,
+        help="processes sharing the port: a number, or auto for one per core "
+        "(default GATEWAY_WORKERS or 1)",
+    )
     serve_cmd.set_defaults(run=serve)
     commands.add_parser("migrate", help="create or upgrade the database schema").set_defaults(
         run=migrate
@@ -167,10 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     rebuild_cmd.set_defaults(run=rebuild_rollups)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("pgserver").setLevel(logging.WARNING)  # it logs every pg_ctl call
+    _configure_logging()
     try:
         args.run(args)
     except ConfigError as exc:

@@ -57,6 +57,11 @@ class Settings:
     analytics_cache_seconds: float = 300.0
     proxy_timeout_seconds: float = 60.0
     health_retention_days: int = 90
+    # Raw tool calls are kept this long, their hourly rollups (analytics) longer; alert events
+    # with their deliveries as long as configured here.
+    tool_call_retention_days: int = 30
+    rollup_retention_days: int = 400
+    alert_retention_days: int = 400
     invite_ttl_days: int = 7
     # A dashboard session ends after this long without a page view, and after 7 days anyway.
     dashboard_session_hours: float = 12.0
@@ -74,6 +79,10 @@ class Settings:
     auth_rate_limit: str = "10/minute"
     # Background loops (prober, alert evaluator, ...); tests switch them off to drive them by hand.
     run_workers: bool = True
+    # Gateway processes sharing the port (serve --workers); this process's number among them
+    # (0 when it runs alone), for the metrics and the log.
+    workers: int = 1
+    worker_id: int = 0
 
     @property
     def outbound(self) -> OutboundPolicy:
@@ -191,6 +200,12 @@ def _flag(raw: str) -> bool:
     raise ValueError(f"expected true or false, got {raw!r}")
 
 
+def _workers(raw: str) -> int:
+    if raw.strip() == "auto":
+        return os.cpu_count() or 1
+    return _positive_int(raw)
+
+
 _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "DATABASE_URL": ("database_url", _url("postgresql", "postgres")),
     "REDIS_URL": ("redis_url", _url("redis", "rediss")),
@@ -217,6 +232,9 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_ANALYTICS_CACHE_SECONDS": ("analytics_cache_seconds", _positive_float),
     "GATEWAY_PROXY_TIMEOUT_SECONDS": ("proxy_timeout_seconds", _positive_float),
     "GATEWAY_HEALTH_RETENTION_DAYS": ("health_retention_days", _positive_int),
+    "GATEWAY_TOOL_CALL_RETENTION_DAYS": ("tool_call_retention_days", _positive_int),
+    "GATEWAY_ROLLUP_RETENTION_DAYS": ("rollup_retention_days", _positive_int),
+    "GATEWAY_ALERT_RETENTION_DAYS": ("alert_retention_days", _positive_int),
     "GATEWAY_AUTH_RATE_LIMIT": ("auth_rate_limit", _rate_limit),
     "GATEWAY_SIGNUP": ("signup", _signup),
     "GATEWAY_DASHBOARD_SESSION_HOURS": ("dashboard_session_hours", _positive_float),
@@ -225,6 +243,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_OUTBOUND_DENY": ("outbound_deny", _networks),
     "GATEWAY_OUTBOUND_ALLOW": ("outbound_allow", _networks),
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
+    "GATEWAY_WORKERS": ("workers", _workers),
 }
 
 ENV_VARIABLES = tuple(_VARIABLES)

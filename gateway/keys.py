@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gateway.calllog import CallLog
     from gateway.mailer import Mailer
     from gateway.ratelimit import AuthRateLimiter
+    from gateway.readiness import DatabaseCheck
     from gateway.security.secretbox import SecretBox
     from gateway.tool_lists import ToolLists
     from gateway.upstreams import Upstreams
@@ -48,3 +49,5 @@ OPENAPI_DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi_document")
 ERROR_PAGE: web.AppKey[
     Callable[[web.Request, int, str, dict[str, str] | None], Awaitable[web.StreamResponse]]
 ] = web.AppKey("error_page")
+# /readyz's check of PostgreSQL (one at a time, however often it is polled).
+DATABASE_CHECK: web.AppKey[DatabaseCheck] = web.AppKey("database_check")

@@ -11,7 +11,7 @@ import asyncpg
 from gateway.db import health_checks as health_checks_db
 from gateway.keys import POOL
 from gateway.mcp.probe import ProbeResult
-from gateway.workers.health_retention import prune_old_checks
+from gateway.workers.retention import prune_old_checks
 from tests.support import Api
 
 _ROLLUP_VS_RAW = """

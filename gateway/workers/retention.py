@@ -1,4 +1,5 @@
-"""Pruning health checks older than the retention period, in small batches."""
+"""Retention: what is older than its configured period is removed, hourly, without holding
+anything up (health checks in small batches)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from gateway.config import Settings
 from gateway.db import health_checks as health_checks_db
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,8 @@ async def prune_old_checks(
         await asyncio.sleep(pause)
 
 
-async def run_retention(pool: asyncpg.Pool, retention_days: int) -> None:
+async def run_retention(pool: asyncpg.Pool, settings: Settings) -> None:
+    retention_days = settings.health_retention_days
     while True:
         try:
             deleted = await prune_old_checks(pool, retention_days)
