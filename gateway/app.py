@@ -39,6 +39,7 @@ from gateway.keys import (
     ENDPOINTS,
     HTTP,
     MAILER,
+    METRICS,
     OPENAPI_DOCUMENT,
     POOL,
     RATE_LIMITER,
@@ -49,6 +50,7 @@ from gateway.keys import (
     UPSTREAMS,
 )
 from gateway.mailer import Mailer
+from gateway.metrics import Metrics
 from gateway.ratelimit import AuthRateLimiter
 from gateway.readiness import setup_readiness
 from gateway.security.secretbox import SecretBox
@@ -102,6 +104,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
         settings.database_url,
         acquire_timeout=settings.db_acquire_timeout_seconds,
         statement_timeout=settings.db_statement_timeout_seconds,
+        on_wait=app[METRICS].pool_wait_seconds.observe,
     )
     app[POOL] = pool
     app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
@@ -169,9 +172,10 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
         # The evaluator only queues notifications and wakes the notifier; it never waits on one.
         notify = asyncio.Event()
         interval = settings.alert_eval_interval_seconds
-        tasks.start("alert-evaluator", run_alert_evaluator(app[POOL], interval, notify))
+        metrics = app[METRICS]
+        tasks.start("alert-evaluator", run_alert_evaluator(app[POOL], interval, notify, metrics))
         policy = DeliveryPolicy.from_settings(settings)
-        tasks.start("alert-notifier", run_notifier(app[POOL], app[HTTP], policy, notify))
+        tasks.start("alert-notifier", run_notifier(app[POOL], app[HTTP], policy, notify, metrics))
     yield
     await tasks.stop()
     await app[MAILER].close()
@@ -184,6 +188,7 @@ def create_app(settings: Settings) -> web.Application:
         middlewares=[error_middleware],
     )
     app[SETTINGS] = settings
+    app[METRICS] = Metrics(per_server=settings.metrics_per_server)
     app[CACHES] = Caches()
     app[RATE_LIMITER] = AuthRateLimiter(settings.auth_rate_limit)
     app[SECRET_BOX] = SecretBox(settings.secret_keys)
@@ -195,5 +200,8 @@ def create_app(settings: Settings) -> web.Application:
     proxy.setup_response_headers(app)
     setup_dashboard(app)
     setup_readiness(app)
-    app.cleanup_ctx.extend([_database, _call_log, _http_client, _shared_cache, _background_tasks])
+    app.cleanup_ctx.extend(
+        [_database, _call_log, metrics_api.metrics_context, _http_client, _shared_cache]
+    )
+    app.cleanup_ctx.append(_background_tasks)
     return app

@@ -35,6 +35,9 @@ class InvalidatedCache(Generic[K, V]):
         self._generation = 0
         # Off while no NOTIFY listener is connected: then nothing is cached, every get loads.
         self.enabled = False
+        # For the metrics: lookups answered from the cache, and loads.
+        self.hits = 0
+        self.misses = 0
 
     def peek(self, key: K) -> V:
         """The cached value, or MISSING. The hot path tries this before get(): a cache hit then
@@ -42,6 +45,7 @@ class InvalidatedCache(Generic[K, V]):
         entry = self._data.get(key)
         if entry is None or entry[1] <= time.monotonic():
             return MISSING  # type: ignore[no-any-return]
+        self.hits += 1
         return entry[0]
 
     async def get(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
@@ -49,6 +53,7 @@ class InvalidatedCache(Generic[K, V]):
         if value is not MISSING:
             return value
         generation = self._generation
+        self.misses += 1
         value = await load()
         if self.enabled and generation == self._generation:
             self._store(key, value)
@@ -107,6 +112,10 @@ class Caches:
         self._all.append(cache)
         for table, invalidate in tables.items():
             self._by_table.setdefault(table, []).append(invalidate)
+
+    def counted(self) -> list[InvalidatedCache[Any, Any]]:
+        """The caches that count their hits and misses."""
+        return [cache for cache in self._all if isinstance(cache, InvalidatedCache)]
 
     def invalidate(self, payload: str) -> None:
         table, _, key = payload.partition(":")

@@ -83,6 +83,10 @@ class Settings:
     # (0 when it runs alone), for the metrics and the log.
     workers: int = 1
     worker_id: int = 0
+    # Where the workers leave their metrics for each other (made by the parent; None alone).
+    metrics_dir: Path | None = None
+    # Label the proxy's request counter with server ids (fine for tens of servers, not more).
+    metrics_per_server: bool = False
 
     @property
     def outbound(self) -> OutboundPolicy:
@@ -244,6 +248,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_OUTBOUND_ALLOW": ("outbound_allow", _networks),
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
     "GATEWAY_WORKERS": ("workers", _workers),
+    "GATEWAY_METRICS_PER_SERVER": ("metrics_per_server", _flag),
 }
 
 ENV_VARIABLES = tuple(_VARIABLES)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gateway.caches import Caches
     from gateway.calllog import CallLog
     from gateway.mailer import Mailer
+    from gateway.metrics import Metrics
     from gateway.ratelimit import AuthRateLimiter
     from gateway.readiness import DatabaseCheck
     from gateway.security.secretbox import SecretBox
@@ -51,3 +52,5 @@ ERROR_PAGE: web.AppKey[
 ] = web.AppKey("error_page")
 # /readyz's check of PostgreSQL (one at a time, however often it is polled).
 DATABASE_CHECK: web.AppKey[DatabaseCheck] = web.AppKey("database_check")
+# What this process counts, for /metrics (the hot paths hold their instruments directly).
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")

@@ -28,7 +28,7 @@ from gateway.api.routing import API_PREFIX, Routes, read_bytes
 from gateway.auth import PRINCIPAL, USE, Access
 from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, PayloadTooLarge
-from gateway.keys import CALL_LOG, HTTP, SETTINGS, UPSTREAMS
+from gateway.keys import CALL_LOG, HTTP, METRICS, SETTINGS, UPSTREAMS
 from gateway.mcp.tool_calls import (
     CALLER_CANCELLED,
     ReplyReader,
@@ -36,6 +36,8 @@ from gateway.mcp.tool_calls import (
     read_reply,
     tool_calls_in,
 )
+from gateway.metrics import Metrics
+from gateway.outbound import RefusedAddress
 from gateway.upstreams import Upstream
 
 log = logging.getLogger(__name__)
@@ -152,14 +154,32 @@ class UpstreamStream(web.StreamResponse):
 class _Outcome:
     """How a proxied exchange went, for the call log."""
 
-    __slots__ = ("calls", "cancelled", "error", "reader", "size", "status")
+    __slots__ = (
+        "answered_at",
+        "calls",
+        "cancelled",
+        "error",
+        "forwarded_at",
+        "kind",
+        "read_at",
+        "reader",
+        "size",
+        "status",
+    )
 
     def __init__(self, calls: list[ToolCallSeen]) -> None:
         self.calls = calls
         self.status = 0
         self.size = 0
-        # The exchange failed on the upstream's side (unreachable, timed out, broke off).
+        # The exchange failed on the upstream's side (unreachable, timed out, broke off), and
+        # the kind of failure for the metrics.
         self.error: str | None = None
+        self.kind = ""
+        # perf_counter() when the request went upstream, when the upstream's headers came,
+        # and when a buffered reply had been read whole (0.0: not yet).
+        self.forwarded_at = 0.0
+        self.answered_at = 0.0
+        self.read_at = 0.0
         # The caller went away before the end of the reply.
         self.cancelled = False
         # Reads the reply for the calls' responses (None: no tools/call, or no reply yet).
@@ -226,10 +246,12 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
             outcome.cancelled = True
         elif outcome.error is None:
             outcome.error = "the gateway shut down before the response arrived"
+            outcome.kind = "shutdown"
         raise
     finally:
         if outcome.calls:
             _record(request, upstream, outcome, started)
+        _count(app[METRICS], request.method, server_id, outcome, started)
 
 
 @functools.lru_cache(maxsize=256)  # aiohttp parses Content-Type afresh for every response
@@ -255,6 +277,7 @@ async def _exchange(
     timeout_seconds = app[SETTINGS].proxy_timeout_seconds
     is_get = request.method == "GET"
     headers = upstream_headers(request.headers, upstream.auth_headers)
+    outcome.forwarded_at = time.perf_counter()
     try:
         reply = await app[HTTP].request(
             request.method,
@@ -268,10 +291,14 @@ async def _exchange(
         )
     except TimeoutError:
         outcome.error = f"upstream timed out after {timeout_seconds:g} s"
+        outcome.kind = "timeout"
         raise GatewayTimeout(outcome.error) from None
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         outcome.error = f"upstream unreachable: {_describe(exc)}"
+        refused = isinstance(getattr(exc, "os_error", exc), RefusedAddress)
+        outcome.kind = "refused" if refused else "unreachable"
         raise BadGateway(outcome.error) from None
+    outcome.answered_at = time.perf_counter()
     async with reply:
         outcome.status = reply.status
         headers = CIMultiDict[str]()
@@ -316,10 +343,13 @@ async def _buffered(
         body = await reply.read()
     except TimeoutError:
         outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
+        outcome.kind = "timeout"
         raise GatewayTimeout(outcome.error) from None
     except (aiohttp.ClientError, OSError) as exc:
         outcome.error = f"upstream broke off the response: {_describe(exc)}"
+        outcome.kind = "broke_off"
         raise BadGateway(outcome.error) from None
+    outcome.read_at = time.perf_counter()
     outcome.size = len(body)
     if outcome.calls:
         read_reply(outcome.calls, body)
@@ -375,8 +405,10 @@ async def _pump(
                     raise _CallerLeft from None
     except TimeoutError:
         outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
+        outcome.kind = "timeout"
     except (aiohttp.ClientError, OSError) as exc:
         outcome.error = f"upstream broke off the response: {_describe(exc)}"
+        outcome.kind = "broke_off"
     else:
         if reader is not None:
             reader.finish()
@@ -389,6 +421,43 @@ async def _pump(
     log.warning("proxy to %s: %s", reply.url, outcome.error)
     if request.transport is not None:
         request.transport.close()
+
+
+_METHOD_CLASSES = {"GET": "stream", "DELETE": "session_end"}
+
+
+def _count(
+    metrics: Metrics, method: str, server_id: uuid.UUID, outcome: _Outcome, started: float
+) -> None:
+    """The exchange in the metrics: its class, how it ended, whose time it took."""
+    if not outcome.forwarded_at:
+        return  # refused before it went upstream (a body too large, say)
+    method_class = _METHOD_CLASSES.get(method) or ("tools_call" if outcome.calls else "request")
+    if outcome.cancelled:
+        result = "caller_left"
+    elif outcome.kind:
+        result = outcome.kind
+        metrics.upstream_errors.inc(outcome.kind)
+    else:
+        result = _STATUS_CLASSES.get(outcome.status // 100, "upstream_other")
+        if outcome.status >= 500:
+            metrics.upstream_errors.inc("http_5xx")
+    if metrics.per_server:
+        metrics.proxy_requests.inc(method_class, result, str(server_id))
+    else:
+        metrics.proxy_requests.inc(method_class, result)
+    if outcome.answered_at:
+        # Buffered, the reply's body was the upstream's time too; streamed, its headers end it.
+        waited = (outcome.read_at or outcome.answered_at) - outcome.forwarded_at
+        metrics.proxy_upstream_seconds.observe(waited, method_class)
+        if outcome.read_at:
+            own = time.perf_counter() - started - waited
+        else:
+            own = outcome.forwarded_at - started
+        metrics.proxy_gateway_seconds.observe(own, method_class)
+
+
+_STATUS_CLASSES = {2: "ok", 3: "upstream_3xx", 4: "upstream_4xx", 5: "upstream_5xx"}
 
 
 def _caller_gone(request: web.Request) -> bool:

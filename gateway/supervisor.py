@@ -14,13 +14,16 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import FrameType
 
 from gateway.config import Settings
@@ -73,6 +76,9 @@ class Supervisor:
         """Until SIGTERM or SIGINT; then every worker is stopped before this returns."""
         context = multiprocessing.get_context("spawn")  # nothing inherited but the settings
         self._slots = [_Slot(worker_id) for worker_id in range(1, self.count + 1)]
+        # Each worker leaves its metrics here for the others (whichever takes a scrape).
+        metrics_dir = Path(tempfile.mkdtemp(prefix="mcp-gateway-metrics-"))
+        self.settings = self.settings.replace(metrics_dir=metrics_dir)
         previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             for slot in self._slots:
@@ -83,6 +89,7 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._stop_all()
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
     def pids(self) -> list[int]:
         return [s.process.pid for s in self._slots if s.process is not None and s.process.pid]

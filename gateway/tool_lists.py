@@ -108,6 +108,9 @@ class ToolLists:
         self._epochs: dict[uuid.UUID, int] = {}
         self._fetches: dict[tuple[uuid.UUID, str], asyncio.Task[ToolList]] = {}
         self._deletes: set[asyncio.Task[None]] = set()
+        # For the metrics: lists answered from the cache, and fetched.
+        self.hits = 0
+        self.misses = 0
         caches.register(self, {TABLE: self._heard, "servers": self._server_changed})
 
     @classmethod
@@ -131,7 +134,9 @@ class ToolLists:
             entry = await self._read(self._key(upstream.id, self._stamp(upstream.id)))
             if entry is not None and entry.get("fingerprint") == fingerprint:
                 fetched_at = datetime.fromisoformat(entry["fetched_at"])
+                self.hits += 1
                 return ToolList(entry["tools"], fetched_at, cached=True)
+        self.misses += 1
         flight = (upstream.id, fingerprint)
         task = self._fetches.get(flight)
         if task is None:

@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from gateway.db import alert_evaluation as evaluation_db
-from gateway.keys import HTTP, POOL, SETTINGS
+from gateway.keys import HTTP, METRICS, POOL, SETTINGS
 from gateway.workers.alert_evaluator import evaluate_due_rules
 from gateway.workers.notifier import DeliveryPolicy, deliver_due
 from tests.support import Account, Api, Credential
@@ -110,11 +110,12 @@ async def evaluate(api: Api) -> int:
     """One evaluation round in which every enabled rule is due (as if an interval had passed)."""
     pool = api.app[POOL]
     await pool.execute("UPDATE alert_rules SET next_eval_at = now()")
-    return await evaluate_due_rules(pool, api.app[SETTINGS].alert_eval_interval_seconds)
+    interval = api.app[SETTINGS].alert_eval_interval_seconds
+    return await evaluate_due_rules(pool, interval, metrics=api.app[METRICS])
 
 
 async def deliver(api: Api, policy: DeliveryPolicy = FAST) -> int:
-    return await deliver_due(api.app[POOL], api.app[HTTP], policy)
+    return await deliver_due(api.app[POOL], api.app[HTTP], policy, api.app[METRICS])
 
 
 async def events(api: Api, auth: Credential, **params: Any) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from gateway.api.routing import Routes
 from gateway.auth import PRINCIPAL, READ
 from gateway.db import analytics as analytics_db
 from gateway.db.types import Executor
-from gateway.keys import POOL, SETTINGS, SHARED_CACHE
+from gateway.keys import METRICS, POOL, SETTINGS, SHARED_CACHE
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ async def _cached(
     except _CACHE_ERRORS as exc:
         log.warning("analytics cache unavailable, computing instead: %s", exc)
         answer = None
+    app[METRICS].cache_requests.inc("analytics", "miss" if answer is None else "hit")
     if answer is not None:
         return answer
     answer = await compute(app[POOL], analytics_db.Scope(workspace_id, query.server_id, window))

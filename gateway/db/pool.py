@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -23,9 +25,27 @@ class BoundedPool(asyncpg.Pool):
     otherwise: with PostgreSQL frozen, a request fails (TimeoutError: a 503) instead of
     hanging, and a connection that cannot be reset is closed instead of waited on."""
 
-    def __init__(self, *args: Any, wait_timeout: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        wait_timeout: float | None = None,
+        on_wait: Callable[[float], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._wait_timeout = wait_timeout
+        # Told how long each acquire waited (the metrics' pool wait histogram).
+        self._on_wait = on_wait
+
+    async def _acquire(self, timeout: float | None) -> Any:  # noqa: ASYNC109 -- asyncpg's
+        # The coroutine behind acquire() in asyncpg (not in its type stubs), which both its
+        # context manager and `await pool.acquire()` go through.
+        if self._on_wait is None:
+            return await super()._acquire(timeout)  # type: ignore[misc]
+        started = time.perf_counter()
+        connection = await super()._acquire(timeout)  # type: ignore[misc]
+        self._on_wait(time.perf_counter() - started)
+        return connection
 
     def acquire(self, *, timeout: float | None = None) -> Any:
         return super().acquire(timeout=self._wait_timeout if timeout is None else timeout)
@@ -49,6 +69,7 @@ async def create_pool(
     max_size: int = 20,
     acquire_timeout: float | None = None,
     statement_timeout: float | None = None,
+    on_wait: Callable[[float], None] | None = None,
 ) -> asyncpg.Pool:
     """`acquire_timeout` bounds waiting for a connection (and for returning one);
     `statement_timeout` each statement, both in the client (a frozen server answers nothing)
@@ -67,6 +88,7 @@ async def create_pool(
         command_timeout=statement_timeout,
         server_settings=settings,
         wait_timeout=acquire_timeout,
+        on_wait=on_wait,
         # asyncpg.create_pool's defaults for the rest.
         max_queries=50000,
         setup=None,

@@ -18,6 +18,7 @@ import asyncpg
 from gateway.db import alert_evaluation as evaluation_db
 from gateway.db import alert_metrics
 from gateway.db.alert_evaluation import DueRule, Target
+from gateway.metrics import Metrics
 from gateway.workers import notifier
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,10 @@ async def _transition(
     return True
 
 
-async def evaluate_rule(pool: asyncpg.Pool, rule: DueRule) -> int:
-    """Evaluate one claimed rule on each server it covers; returns how many events it made."""
+async def evaluate_rule(pool: asyncpg.Pool, rule: DueRule, metrics: Metrics | None = None) -> int:
+    """Evaluate one claimed rule on each server it covers; returns how many events it made.
+    `metrics` counts each (rule, server) by result: firing, ok, no_data (or resolved: the rule
+    no longer covers the server)."""
     targets = await evaluation_db.targets(pool, rule)
     window = alert_metrics.Window.ending(rule.claimed_at, rule.window_minutes)
     values = await alert_metrics.measure(pool, rule.metric, [t.server_id for t in targets], window)
@@ -91,17 +94,24 @@ async def evaluate_rule(pool: asyncpg.Pool, rule: DueRule) -> int:
             assert target.incident is not None
             value = target.incident.metric_value if value is None else value
             events += await _transition(pool, rule, target, value, firing=False)
-            continue
-        if value is None:
-            continue  # no data in the window: the state stays as it is
-        firing = holds(value, rule.operator, rule.threshold)
-        if firing != (target.incident is not None):
-            events += await _transition(pool, rule, target, value, firing=firing)
+            result = "resolved"
+        elif value is None:
+            result = "no_data"  # no data in the window: the state stays as it is
+        else:
+            firing = holds(value, rule.operator, rule.threshold)
+            if firing != (target.incident is not None):
+                events += await _transition(pool, rule, target, value, firing=firing)
+            result = "firing" if firing else "ok"
+        if metrics is not None:
+            metrics.alert_evaluations.inc(result)
     return events
 
 
 async def evaluate_due_rules(
-    pool: asyncpg.Pool, interval_seconds: float, wakeup: asyncio.Event | None = None
+    pool: asyncpg.Pool,
+    interval_seconds: float,
+    wakeup: asyncio.Event | None = None,
+    metrics: Metrics | None = None,
 ) -> int:
     """One round: claim every rule that is due and evaluate it. Returns how many events were
     made; sets `wakeup` (the notifier's) when any notification may have been queued."""
@@ -110,14 +120,18 @@ async def evaluate_due_rules(
         rules = await evaluation_db.claim_due_rules(pool, interval_seconds, CLAIM_BATCH)
         for rule in rules:
             try:
-                events += await evaluate_rule(pool, rule)
+                events += await evaluate_rule(pool, rule, metrics)
             except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError):
+                if metrics is not None:
+                    metrics.alert_evaluations.inc("failed")
                 raise  # the database is away: the round ends, the rules come due again
             except asyncpg.ForeignKeyViolationError:
                 # The rule or a server was deleted while being evaluated.
                 log.debug("alert rule %s vanished during evaluation", rule.id)
             except Exception:
                 log.exception("evaluating alert rule %s failed", rule.id)
+                if metrics is not None:
+                    metrics.alert_evaluations.inc("failed")
         if events and wakeup is not None:
             wakeup.set()
         if len(rules) < CLAIM_BATCH:
@@ -125,13 +139,16 @@ async def evaluate_due_rules(
 
 
 async def run_alert_evaluator(
-    pool: asyncpg.Pool, interval_seconds: float, wakeup: asyncio.Event | None = None
+    pool: asyncpg.Pool,
+    interval_seconds: float,
+    wakeup: asyncio.Event | None = None,
+    metrics: Metrics | None = None,
 ) -> None:
     """Runs until cancelled. It looks for due rules four times per interval, so a new or edited
     rule is evaluated soon; each rule is still evaluated only once per interval."""
     while True:
         try:
-            await evaluate_due_rules(pool, interval_seconds, wakeup)
+            await evaluate_due_rules(pool, interval_seconds, wakeup, metrics)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("alert evaluation: database unavailable, will retry: %s", exc)
         except Exception:

@@ -26,6 +26,7 @@ from gateway.config import Settings
 from gateway.db import alert_deliveries as deliveries_db
 from gateway.db.alert_deliveries import Attempt, DueDelivery
 from gateway.db.alert_evaluation import DueRule, Notification
+from gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ async def _deliver(
     http: aiohttp.ClientSession,
     policy: DeliveryPolicy,
     delivery: DueDelivery,
+    metrics: Metrics | None,
 ) -> None:
     attempt = await _post(http, delivery, policy.timeout_seconds)
     number = delivery.attempt_count + 1
@@ -219,10 +221,15 @@ async def _deliver(
             extra={"delivery_id": str(delivery.id)},
         )
     await deliveries_db.record_attempt(pool, delivery.id, number, attempt, status, retry_in)
+    if metrics is not None:
+        metrics.notifications.inc("retry" if status == "pending" else status)
 
 
 async def deliver_due(
-    pool: asyncpg.Pool, http: aiohttp.ClientSession, policy: DeliveryPolicy
+    pool: asyncpg.Pool,
+    http: aiohttp.ClientSession,
+    policy: DeliveryPolicy,
+    metrics: Metrics | None = None,
 ) -> int:
     """Send every delivery that is due now; returns how many attempts were made."""
     attempted = 0
@@ -231,7 +238,7 @@ async def deliver_due(
         if not due:
             return attempted
         results = await asyncio.gather(
-            *(_deliver(pool, http, policy, d) for d in due), return_exceptions=True
+            *(_deliver(pool, http, policy, d, metrics) for d in due), return_exceptions=True
         )
         for delivery, result in zip(due, results, strict=True):
             if isinstance(result, Exception):
@@ -245,13 +252,14 @@ async def run_notifier(
     http: aiohttp.ClientSession,
     policy: DeliveryPolicy,
     wakeup: asyncio.Event,
+    metrics: Metrics | None = None,
 ) -> None:
     """Runs until cancelled: sends what is due, then sleeps until the next retry is due, the
     evaluator queues something (wakeup), or POLL_SECONDS pass."""
     while True:
         delay = POLL_SECONDS
         try:
-            await deliver_due(pool, http, policy)
+            await deliver_due(pool, http, policy, metrics)
             seconds = await deliveries_db.seconds_to_next(pool)
             if seconds is not None:
                 # The floor: a row due now is held by another process's claim for a moment.

@@ -15,8 +15,9 @@ from aiohttp import web
 
 from gateway.db import health_checks as health_checks_db
 from gateway.db import servers as servers_db
-from gateway.keys import HTTP, POOL, SECRET_BOX, SETTINGS
+from gateway.keys import HTTP, METRICS, POOL, SECRET_BOX, SETTINGS
 from gateway.mcp.probe import probe
+from gateway.metrics import Metrics
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SecretBox
 
@@ -35,6 +36,7 @@ class Prober:
     timeout: float
     degraded_ms: float
     concurrency: int
+    metrics: Metrics | None = None
 
     @classmethod
     def from_app(cls, app: web.Application) -> Prober:
@@ -47,6 +49,7 @@ class Prober:
             timeout=settings.probe_timeout_seconds,
             degraded_ms=settings.degraded_latency_ms,
             concurrency=settings.probe_concurrency,
+            metrics=app[METRICS],
         )
 
     async def probe_and_record(
@@ -56,6 +59,9 @@ class Prober:
         result = await probe(
             self.http, url, auth_headers, timeout=self.timeout, degraded_ms=self.degraded_ms
         )
+        if self.metrics is not None:
+            self.metrics.probes.inc(result.status)
+            self.metrics.probe_seconds.observe(result.latency_ms / 1000, result.status)
         return await health_checks_db.record(self.pool, server_id, result)
 
     async def run_round(self) -> int:
