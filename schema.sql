@@ -236,13 +236,17 @@ CREATE FUNCTION histogram_of(buckets integer[], counts bigint[]) RETURNS integer
 
 -- Written only by gateway/calllog.py, which also keeps the rollups below (tool_call_hourly,
 -- tool_call_caller_hourly, latency_hourly) in step in the same transaction: anything deleting
--- from one must delete from the others.
+-- from one must delete from the others (except retention, which drops whole days of calls
+-- and keeps their rollups longer: see gateway/workers/retention.py).
 -- ids are time-ordered (UUIDv7) so inserts append to the primary key instead of scattering.
 -- No foreign keys, on purpose: a per-row check would cost a tenth of the insert. The writer
 -- locks each batch's servers (FOR KEY SHARE) and skips rows whose server is gone or in another
 -- workspace; deleting a server (also through its workspace) deletes its calls by trigger below.
+-- One partition per UTC day (tool_calls_YYYYMMDD), made ahead and dropped when expired by
+-- gateway/db/partitions.py, so that retention costs the same whatever a day held. No DEFAULT
+-- partition: it would rule out DETACH PARTITION ... CONCURRENTLY.
 CREATE TABLE tool_calls (
-    id                 uuid PRIMARY KEY,
+    id                 uuid NOT NULL,
     workspace_id       uuid NOT NULL,
     server_id          uuid NOT NULL,
     tool_name          text NOT NULL,
@@ -253,8 +257,12 @@ CREATE TABLE tool_calls (
     output_tokens      integer,
     output_size_bytes  bigint,
     error_message      text,
-    created_at         timestamptz NOT NULL
-);
+    created_at         timestamptz NOT NULL,
+    -- A partitioned table's unique keys must hold its partition key. The ids are unique by
+    -- themselves (UUIDv7 made by the gateway, never by a client); a retried batch's rows come
+    -- again with the same created_at, so this still refuses them twice.
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
 -- Listing is newest first, by workspace, optionally narrowed by one of these.
 CREATE INDEX tool_calls_workspace_idx ON tool_calls (workspace_id, created_at DESC, id DESC);
 CREATE INDEX tool_calls_server_idx ON tool_calls (server_id, created_at DESC, id DESC);
@@ -275,7 +283,8 @@ END $$;
 CREATE TRIGGER servers_delete_calls AFTER DELETE ON servers
     FOR EACH ROW EXECUTE FUNCTION delete_server_calls();
 
--- Hourly rollups (hour in UTC) for analytics, alerts and exact list totals.
+-- Hourly rollups (hour in UTC) for analytics, alerts and exact list totals. Kept longer than
+-- the raw calls (GATEWAY_ROLLUP_RETENTION_DAYS), so analytics outlive them.
 CREATE TABLE tool_call_hourly (
     workspace_id       uuid NOT NULL,  -- deleted with its servers, as in tool_calls
     server_id          uuid NOT NULL REFERENCES servers (id) ON DELETE CASCADE,
@@ -294,6 +303,8 @@ CREATE TABLE tool_call_hourly (
 CREATE INDEX tool_call_hourly_hour_idx ON tool_call_hourly (workspace_id, hour)
     INCLUDE (server_id, tool_name, call_count, error_count, duration_count, duration_sum_ms);
 CREATE INDEX tool_call_hourly_server_idx ON tool_call_hourly (server_id, hour);
+-- Retention deletes the oldest hours in small batches (in the three rollup tables).
+CREATE INDEX tool_call_hourly_retention_idx ON tool_call_hourly (hour);
 
 -- The same counts with the caller as a dimension (calls with a caller_agent only), so a
 -- caller_agent-filtered list total is a sum over rollup rows too. Covering, like the above.
@@ -309,6 +320,7 @@ CREATE TABLE tool_call_caller_hourly (
         INCLUDE (call_count, error_count)
 );
 CREATE INDEX tool_call_caller_hourly_server_idx ON tool_call_caller_hourly (server_id);
+CREATE INDEX tool_call_caller_hourly_retention_idx ON tool_call_caller_hourly (hour);
 
 -- The merged latency histogram of each hour per scope: a whole workspace (scope =
 -- workspace_id: all its servers) and each server (scope = the server's id), only for hours with
@@ -323,6 +335,7 @@ CREATE TABLE latency_hourly (
     PRIMARY KEY (scope, hour)
 );
 CREATE INDEX latency_hourly_workspace_idx ON latency_hourly (workspace_id);
+CREATE INDEX latency_hourly_retention_idx ON latency_hourly (hour);
 
 -- A deleted server's durations leave its workspace's histograms (hours left without any are
 -- deleted), and its own rows go: the workspace reads exactly as if the calls had never been
@@ -396,6 +409,8 @@ CREATE UNIQUE INDEX alert_events_open_idx ON alert_events (rule_id, server_id)
 CREATE INDEX alert_events_workspace_idx ON alert_events (workspace_id, created_at DESC, id DESC);
 CREATE INDEX alert_events_rule_idx ON alert_events (rule_id, created_at DESC);
 CREATE INDEX alert_events_server_idx ON alert_events (server_id, created_at DESC);
+-- Retention deletes the oldest events in small batches.
+CREATE INDEX alert_events_retention_idx ON alert_events (created_at);
 
 -- The notification outbox: written in the event's transaction, sent by workers/notifier.py.
 -- url and payload are fixed when the event happens, so a later edit of the rule does not
@@ -436,4 +451,16 @@ CREATE TABLE alert_delivery_attempts (
     PRIMARY KEY (delivery_id, attempt)
 );
 
-INSERT INTO schema_version (version) VALUES (4);
+-- Login and signup attempts, shared by every gateway process when there is no Redis
+-- (gateway/db/rate_limits.py): one row per attempt, for the rate's window. UNLOGGED: no WAL
+-- for a flood of attempts; a crash of PostgreSQL empties it, which only resets the windows.
+CREATE UNLOGGED TABLE rate_limit_hits (
+    key         text NOT NULL,  -- "LIMITS/auth/ip:..." or ".../email:..."
+    at          timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX rate_limit_hits_key_idx ON rate_limit_hits (key, at);
+-- The retention loop's sweep of keys nobody tried again.
+CREATE INDEX rate_limit_hits_expiry_idx ON rate_limit_hits (expires_at);
+
+INSERT INTO schema_version (version) VALUES (6);

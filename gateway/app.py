@@ -97,7 +97,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     # On a connection of its own: a migration may run longer than any request may wait.
     conn = await asyncpg.connect(settings.database_url)
     try:
-        await apply_schema(conn)
+        await apply_schema(conn, tool_call_retention_days=settings.tool_call_retention_days)
     finally:
         await conn.close()
     pool = await create_pool(
@@ -107,6 +107,8 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
         on_wait=app[METRICS].pool_wait_seconds.observe,
     )
     app[POOL] = pool
+    # Counts shared by every process: in PostgreSQL, or in Redis when there is one.
+    app[RATE_LIMITER] = AuthRateLimiter.shared(settings.auth_rate_limit, pool, settings.redis_url)
     app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
     yield
@@ -190,7 +192,6 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = Metrics(per_server=settings.metrics_per_server)
     app[CACHES] = Caches()
-    app[RATE_LIMITER] = AuthRateLimiter(settings.auth_rate_limit)
     app[SECRET_BOX] = SecretBox(settings.secret_keys)
     app[MAILER] = Mailer(settings.smtp_url)
     endpoints = mount(app, API_MODULES)

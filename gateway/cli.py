@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import uvloop
 from aiohttp import web
@@ -77,6 +78,9 @@ def serve_process(settings: Settings) -> None:
 
     if settings.worker_id:
         _configure_logging(f"worker {settings.worker_id} ")
+    if settings.database_url is not None:
+        name = f"mcp-gateway worker {settings.worker_id}" if settings.worker_id else "mcp-gateway"
+        settings = settings.replace(database_url=with_application_name(settings.database_url, name))
     app = create_app(settings)
     app.on_startup.append(_freeze_startup_objects)  # after the cleanup contexts have started
     web.run_app(
@@ -94,6 +98,17 @@ def serve_process(settings: Settings) -> None:
         # upstream next writes) and logs the call as cancelled by the caller.
         handler_cancellation=True,
     )
+
+
+def with_application_name(dsn: str, name: str) -> str:
+    """The DSN with `application_name` set, unless it sets one already: pg_stat_activity then
+    says which process (and which worker) holds each connection."""
+    parts = urlsplit(dsn)
+    if any(key == "application_name" for key, _ in parse_qsl(parts.query)):
+        return dsn
+    # Appended to the query as it is: the other parameters stay exactly as written.
+    added = urlencode({"application_name": name}, quote_via=quote)
+    return urlunsplit(parts._replace(query=f"{parts.query}&{added}" if parts.query else added))
 
 
 def _configure_logging(prefix: str = "") -> None:
@@ -132,7 +147,12 @@ def _on_connection(dsn: str, work: Callable[[Connection], Awaitable[T]]) -> T:
 
 def migrate(_args: argparse.Namespace) -> None:
     # The schema needs no secrets, so a migration job need not be given them.
-    print(f"schema is at version {_on_connection(_database_only(), apply_schema)}")
+    keep_days = Settings.from_env().tool_call_retention_days
+
+    async def work(conn: Connection) -> int:
+        return await apply_schema(conn, tool_call_retention_days=keep_days)
+
+    print(f"schema is at version {_on_connection(_database_only(), work)}")
 
 
 def rotate_secrets(_args: argparse.Namespace) -> None:

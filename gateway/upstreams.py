@@ -36,9 +36,19 @@ class Upstreams:
         self._cache: InvalidatedCache[uuid.UUID, Upstream | None] = InvalidatedCache("servers")
         caches.register(self._cache, {"servers": lambda key: self._cache.drop(uuid.UUID(key))})
 
+    def peek(self, server_id: uuid.UUID, workspace_id: uuid.UUID) -> Upstream | None:
+        """As get() when the server is cached, else MISSING: the proxy's every call tries
+        this first, so a cache hit costs no coroutine."""
+        upstream = self._cache.peek(server_id)
+        if upstream is MISSING:
+            return MISSING
+        if upstream is None or upstream.workspace_id != workspace_id:
+            return None
+        return upstream
+
     async def get(self, server_id: uuid.UUID, workspace_id: uuid.UUID) -> Upstream | None:
         """The server, or None when it does not exist or belongs to another workspace."""
-        upstream = self._cache.peek(server_id)  # the proxy's every call: no coroutine on a hit
+        upstream = self._cache.peek(server_id)
         if upstream is MISSING:
             upstream = await self._cache.get(server_id, lambda: self._load(server_id))
         if upstream is None or upstream.workspace_id != workspace_id:

@@ -20,6 +20,7 @@ from uuid_utils.compat import uuid7
 from gateway.calllog import CallLog, RowsRejected, ToolCall
 from gateway.db import rollups
 from gateway.db import tool_calls as tool_calls_db
+from gateway.db.partitions import floor_day
 from gateway.db.pool import create_pool
 from gateway.db.types import Connection
 from gateway.errors import ServiceUnavailable
@@ -99,7 +100,7 @@ async def test_rollups_and_percentiles_match_the_rows(
 ) -> None:
     workspace, (server, other) = servers
     rng = random.Random(7)
-    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
+    hour = floor_day(datetime.now(UTC)) - timedelta(days=2) + timedelta(hours=10)
     calls = [
         record(
             workspace,
@@ -142,14 +143,25 @@ async def test_batch_survives_a_deleted_server_and_retries_do_not_duplicate(
     pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
 ) -> None:
     workspace, (server, doomed) = servers
-    batch = [record(workspace, server), record(workspace, doomed), record(workspace, server)]
+    # Over several days, so over several partitions of tool_calls.
+    now = datetime.now(UTC)
+    batch = [
+        record(workspace, server, at=now - timedelta(days=3)),
+        record(workspace, doomed),
+        record(workspace, server, at=now - timedelta(days=1)),
+        record(workspace, server),
+    ]
     await db.execute("DELETE FROM servers WHERE id = $1", doomed)
     async with pool.acquire() as conn:
-        assert await tool_calls_db.write_batch(conn, batch) == 2
-        # The same batch again, as after a commit whose acknowledgement was lost.
+        assert await tool_calls_db.write_batch(conn, batch[:3]) == 2
+        # Again with one more row, as after a commit whose acknowledgement was lost.
+        assert await tool_calls_db.write_batch(conn, batch) == 1
         assert await tool_calls_db.write_batch(conn, batch) == 0
-    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 2
-    assert await db.fetchval("SELECT sum(call_count) FROM tool_call_hourly") == 2
+        # Without the check for stored ids, the key (id, created_at) refuses the rows.
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await tool_calls_db.write_batch(conn, batch, retry=False)
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 3
+    assert await db.fetchval("SELECT sum(call_count) FROM tool_call_hourly") == 3
 
 
 async def test_deleting_a_server_deletes_its_calls(
@@ -194,7 +206,7 @@ async def test_concurrent_batches_and_a_deleted_server_keep_every_rollup_exact(
         workspace,
     )
     rng = random.Random(8)
-    hour = datetime(2026, 3, 1, 10, tzinfo=UTC)
+    hour = floor_day(datetime.now(UTC)) - timedelta(days=2) + timedelta(hours=10)
 
     def batch() -> list[ToolCall]:
         return [

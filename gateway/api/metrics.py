@@ -172,6 +172,6 @@ async def _write_snapshots(metrics: Metrics, path: Path) -> None:
         try:
             partial.write_bytes(dump(metrics.series()))
             os.replace(partial, path)  # readers see the old file or the new one, whole
-        except OSError as exc:
-            log.warning("cannot write the metrics snapshot %s: %s", path, exc)
+        except Exception:  # the next round may succeed; the task must not end
+            log.exception("cannot write the metrics snapshot %s", path)
         await asyncio.sleep(SNAPSHOT_SECONDS)

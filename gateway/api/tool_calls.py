@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, NotRequired
 
 import pydantic
@@ -30,9 +31,11 @@ from gateway.api.routing import (
 from gateway.auth import PRINCIPAL, READ, USE
 from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.db import tool_calls as tool_calls_db
+from gateway.db.partitions import FUTURE_SLACK
+from gateway.db.rollups import floor_hour
 from gateway.db.types import BIGINT_MAX
 from gateway.errors import BadRequest, NotFound, ValidationFailed
-from gateway.keys import CALL_LOG, POOL, UPSTREAMS
+from gateway.keys import CALL_LOG, POOL, SETTINGS, UPSTREAMS
 
 routes = Routes("tool calls")
 
@@ -50,6 +53,13 @@ CallerAgent = Annotated[str, StringConstraints(max_length=255)]
 Count = Annotated[int, Field(ge=0, le=_INT32), WHOLE]
 Status = Literal["success", "error"]
 
+CREATED_AT = (
+    "When the call was made; the time of receipt when absent (a timestamp without an offset "
+    "is UTC). It must lie within the tool call retention (GATEWAY_TOOL_CALL_RETENTION_DAYS, "
+    "30 days by default: older calls are no longer kept) and at most 1 hour ahead of the "
+    "gateway's clock, else 422."
+)
+
 
 class ToolCallIn(TypedDict):
     """One tool call to ingest. A TypedDict rather than a model: 2.5 times faster to validate,
@@ -66,8 +76,9 @@ class ToolCallIn(TypedDict):
     output_tokens: NotRequired[Count | None]
     output_size_bytes: NotRequired[Annotated[int, Field(ge=0, le=BIGINT_MAX), WHOLE] | None]
     error_message: NotRequired[Annotated[str, StringConstraints(max_length=10_000)] | None]
-    # Naive timestamps are taken as UTC; absent means the time of receipt.
-    created_at: NotRequired[Timestamp | None]
+    # Naive timestamps are taken as UTC; absent means the time of receipt. Bounded by
+    # _check_times(): every day accepted has its partition of tool_calls.
+    created_at: NotRequired[Annotated[Timestamp | None, Field(description=CREATED_AT)]]
 
 
 # What the document says of an array body (ingest checks it itself).
@@ -163,6 +174,8 @@ async def ingest(request: web.Request) -> web.Response:
     check_json(request, raw)
     calls, many = _parse(raw)
     app = request.app
+    now = datetime.now(UTC)
+    _check_times(calls, many, now, app[SETTINGS].tool_call_retention_days)
     workspace_id = request[PRINCIPAL].workspace_id
     names: dict[uuid.UUID, str] = {}
     for server_id in {call["server_id"] for call in calls}:
@@ -170,7 +183,6 @@ async def ingest(request: web.Request) -> web.Response:
         if upstream is None:
             raise NotFound(f"server {server_id} not found")
         names[server_id] = upstream.name
-    now = datetime.now(UTC)
     records = [
         ToolCall(
             call_id,
@@ -191,6 +203,27 @@ async def ingest(request: web.Request) -> web.Response:
     await app[CALL_LOG].write(records)
     items = [_stored(record, names[record.server_id]) for record in records]
     return json_response({"items": items} if many else items[0], 201)
+
+
+def _check_times(
+    calls: Sequence[ToolCallIn], many: bool, now: datetime, retention_days: int
+) -> None:
+    """Refuse a created_at older than the retention (it would be dropped at once, or find its
+    day's partition gone) or further ahead than FUTURE_SLACK (its day may have no partition
+    yet; a clock that far off is a mistake worth hearing of)."""
+    oldest = now - timedelta(days=retention_days)
+    newest = now + FUTURE_SLACK
+    for index, call in enumerate(calls):
+        created_at = call.get("created_at")
+        if created_at is None or oldest <= created_at <= newest:
+            continue
+        where = f"body.{index}.created_at" if many else "body.created_at"
+        if created_at < oldest:
+            raise ValidationFailed(
+                f"{where}: is older than the tool call retention ({retention_days} days): "
+                "such calls are no longer kept"
+            )
+        raise ValidationFailed(f"{where}: is more than 1 hour in the future")
 
 
 def _stored(record: ToolCall, server_name: str) -> dict[str, Any]:
@@ -218,13 +251,21 @@ def _stored(record: ToolCall, server_name: str) -> dict[str, Any]:
 )
 async def list_tool_calls(request: web.Request, query: ToolCallQuery) -> dict[str, Any]:
     """`tool_name` matches any part of the name, ignoring case; `start` and `end` bound
-    `created_at` (both inclusive; timestamps without an offset are UTC). `total` is exact."""
+    `created_at` (both inclusive; timestamps without an offset are UTC). `total` is exact.
+    Calls are listed while they are kept: from the start of the hour
+    GATEWAY_TOOL_CALL_RETENTION_DAYS (30 by default) ago; an earlier `start` starts there."""
+    # Whole days of calls are dropped some time after they expire, while their hourly rollups
+    # stay much longer: a fixed horizon, on an hour (no partial hour to count), keeps the page
+    # and its total (summed from the rollups) about exactly the same calls, whatever is
+    # still stored.
+    retention = timedelta(days=request.app[SETTINGS].tool_call_retention_days)
+    kept_since = floor_hour(datetime.now(UTC) - retention)
     filters = tool_calls_db.Filters(
         server_id=query.server_id,
         tool_name=query.tool_name,
         caller_agent=query.caller_agent,
         status=query.status,
-        start=query.start,
+        start=kept_since if query.start is None else max(query.start, kept_since),
         end=query.end,
     )
     return await tool_calls_db.list_tool_calls(

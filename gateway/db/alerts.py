@@ -1,9 +1,11 @@
-"""SQL for alert rules and for reading alert events and their notification deliveries."""
+"""SQL for alert rules, for reading alert events and their notification deliveries, and for
+letting old events go (retention)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from gateway.db.types import Connection, Executor
@@ -102,6 +104,24 @@ WHERE d.event_id = $1
 ORDER BY a.attempt
 """
 
+# Retention: one batch of the oldest events before $1. Never an open incident (it is still
+# going on, whatever its age), nor an event whose notification is still being tried; their
+# deliveries and attempts go with them (ON DELETE CASCADE). SKIP LOCKED: an event the
+# evaluator is resolving is left for the next round instead of waited for.
+_PRUNE_EVENTS = """
+DELETE FROM alert_events WHERE id = ANY(ARRAY(
+    SELECT e.id FROM alert_events AS e
+    WHERE e.created_at < $1
+      AND NOT (e.event_type = 'FIRING' AND e.resolved_at IS NULL)
+      AND NOT EXISTS (
+          SELECT FROM alert_deliveries AS d WHERE d.event_id = e.id AND d.status = 'pending'
+      )
+    ORDER BY e.created_at
+    LIMIT $2
+    FOR UPDATE OF e SKIP LOCKED
+))
+"""
+
 
 async def list_rules(db: Executor, workspace_id: uuid.UUID) -> list[dict[str, Any]]:
     return [dict(r) for r in await db.fetch(_LIST_RULES, workspace_id)]
@@ -182,3 +202,10 @@ async def list_deliveries(db: Executor, event_id: uuid.UUID) -> list[dict[str, A
         attempt = dict(row)
         by_id[attempt.pop("delivery_id")]["attempts"].append(attempt)
     return deliveries
+
+
+async def prune_events(db: Executor, before: datetime, limit: int) -> int:
+    """Delete up to `limit` alert events created before `before` (see _PRUNE_EVENTS) with their
+    deliveries; returns how many events."""
+    status: str = await db.execute(_PRUNE_EVENTS, before, limit)
+    return int(status.rsplit(" ", 1)[1])

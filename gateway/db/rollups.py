@@ -8,6 +8,9 @@ log writer adds every batch to them in the batch's transaction (add_batch(), whi
 the batch in Python); rebuild() recomputes them from the raw rows in SQL instead (roll_up()), for
 data that did not come through the writer (a bulk COPY, a restore). The tests check that both
 give the same rows.
+
+The rollups outlive the raw calls (retention drops days of tool_calls long before their hours
+are pruned here, prune()): a rebuild recomputes only the hours whose calls are all still held.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gateway.db.types import Connection
+from gateway.db import partitions
+from gateway.db.types import Connection, Executor
 from gateway.histograms import latency_bucket
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -276,8 +280,14 @@ _LOCK_ROWS = {
 # call commits until the new rollups do.
 _LOCK_TABLES = f"LOCK TABLE {', '.join(TABLES)} IN SHARE ROW EXCLUSIVE MODE"
 
-# {table}, then {scope}: empty (every workspace) or "AND workspace_id = $1".
-_DELETE = "DELETE FROM {table} WHERE true {scope}"
+# Retention may drop days of tool_calls meanwhile: a rebuild first waits for a drop under way
+# and then keeps any from starting until it commits (the lock of gateway/db/partitions.py,
+# shared: rebuilds do not wait for each other here). Taken before anything else, so a rebuild
+# waiting for it holds no lock that writers or a detach would wait for.
+_HOLD_PARTITIONS = "SELECT pg_advisory_xact_lock_shared($1)"
+
+# {table}, then {where}: which rows (the workspace's, the hours since the calls are held).
+_DELETE = "DELETE FROM {table} WHERE {where}"
 
 # The hash aggregates of roll_up() want memory: they spill to disk beyond work_mem.
 _WORK_MEM = "SET LOCAL work_mem = '256MB'"
@@ -297,16 +307,45 @@ def _count(status: str) -> int:
 
 
 async def rebuild(conn: Connection, workspace_id: uuid.UUID | None = None) -> Rebuilt:
-    """Replace the rollups (of one workspace, or all) with ones computed from tool_calls."""
+    """Replace the rollups (of one workspace, or all) with ones computed from tool_calls, for
+    the hours whose calls tool_calls still holds in full; older hours are left as they are
+    (their calls are gone: recomputing would erase what analytics keep of them)."""
     scope = "" if workspace_id is None else "AND workspace_id = $1"
-    args = () if workspace_id is None else (workspace_id,)
+    args: list[Any] = [] if workspace_id is None else [workspace_id]
     async with conn.transaction():
+        await conn.execute(_HOLD_PARTITIONS, partitions.LOCK_KEY)
         for lock in _LOCK_ROWS[scope]:
             await conn.execute(lock, *args)
         await conn.execute(_LOCK_TABLES)
         await conn.execute(_WORK_MEM)
+        since = await partitions.complete_since(conn)
+        hours, calls = f"true {scope}", f"true {scope}"
+        if since is not None:
+            args.append(since)
+            hours += f" AND hour >= ${len(args)}"
+            calls += f" AND created_at >= ${len(args)}"
         deleted = 0
         for table in TABLES:
-            deleted += _count(await conn.execute(_DELETE.format(table=table, scope=scope), *args))
-        inserted: int = await conn.fetchval(roll_up(f"true {scope}"), *args)
+            deleted += _count(await conn.execute(_DELETE.format(table=table, where=hours), *args))
+        inserted: int = await conn.fetchval(roll_up(calls), *args)
     return Rebuilt(deleted=deleted, inserted=inserted)
+
+
+# One batch of the oldest rollup rows of a table, before $1. SKIP LOCKED: a row a writer or a
+# server delete holds is left for the next round instead of waited for (no deadlock with the
+# delete's trigger, which locks latency_hourly rows in its own order).
+_PRUNE = """
+DELETE FROM {table} WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {table} WHERE hour < $1 ORDER BY hour LIMIT $2 FOR UPDATE SKIP LOCKED
+))
+"""
+
+
+async def prune(db: Executor, table: str, before: datetime, limit: int) -> int:
+    """Delete up to `limit` rows of a rollup table (one of TABLES) for hours before `before`;
+    returns how many. Nothing reads hours that old (the caller keeps those of the raw calls'
+    retention, which list totals use, and 30 days for analytics), so an hour pruned from one
+    table and not yet from another (a workspace's latency histogram and not yet its servers')
+    is never seen."""
+    assert table in TABLES, table
+    return _count(await db.execute(_PRUNE.format(table=table), before, limit))

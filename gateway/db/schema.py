@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import UTC, datetime
 from importlib import resources
 
+from gateway.db import partitions
 from gateway.db.types import Connection
 
 log = logging.getLogger(__name__)
@@ -40,10 +42,15 @@ async def current_version(conn: Connection) -> int | None:
     return version
 
 
-async def apply_schema(conn: Connection) -> int:
+async def apply_schema(
+    conn: Connection, *, tool_call_retention_days: int = partitions.DEFAULT_KEEP_DAYS
+) -> int:
     """Bring the database to the newest schema, idempotently; returns the version reached.
 
-    An advisory lock makes concurrent starts of several gateway processes safe.
+    Also makes the partitions of tool_calls that calls may be written into now (every day
+    that `tool_call_retention_days` keeps, and the next ones): before the first write of this
+    process, whatever happened to the others meanwhile. An advisory lock makes concurrent
+    starts of several gateway processes safe.
     """
     await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
     try:
@@ -62,6 +69,7 @@ async def apply_schema(conn: Connection) -> int:
                 await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", number)
             log.info("applied migration %04d", number)
             version = number
+        await partitions.create_ahead(conn, datetime.now(UTC), tool_call_retention_days)
         return version
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)

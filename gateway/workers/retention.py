@@ -1,16 +1,26 @@
 """Retention: what is older than its configured period is removed, hourly, without holding
-anything up (health checks in small batches)."""
+anything up. Raw tool calls go a UTC day at a time (their partitions, detached CONCURRENTLY and
+dropped), after the coming days' partitions are made; their hourly rollups, alert events and
+health checks go in small batches."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
 from gateway.config import Settings
+from gateway.db import alerts as alerts_db
 from gateway.db import health_checks as health_checks_db
+from gateway.db import partitions
+from gateway.db import rate_limits as rate_limits_db
+from gateway.db import rollups as rollups_db
+from gateway.db.rollups import floor_hour
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +28,22 @@ BATCH_SIZE = 1000
 # Between batches, so pruning a backlog never holds locks or the disk for long.
 PAUSE_SECONDS = 0.1
 EVERY_SECONDS = 3600.0
+# The longest window of the analytics endpoints: rollups are never pruned inside it.
+ANALYTICS_DAYS = 30
+
+_UNREACHABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+
+
+async def _in_batches(delete: Callable[[], Awaitable[int]], batch_size: int, pause: float) -> int:
+    """Run `delete` (one batch, returning how many rows it removed) until a batch comes back
+    short; returns the total."""
+    total = 0
+    while True:
+        deleted = await delete()
+        total += deleted
+        if deleted < batch_size:
+            return total
+        await asyncio.sleep(pause)
 
 
 async def prune_old_checks(
@@ -29,24 +55,143 @@ async def prune_old_checks(
 ) -> int:
     """Delete every check older than `retention_days`; returns how many were deleted."""
     cutoff = datetime.now(UTC) - timedelta(days=retention_days)
+    return await _in_batches(
+        lambda: health_checks_db.prune(pool, cutoff, batch_size), batch_size, pause
+    )
+
+
+def rollup_cutoff(settings: Settings, now: datetime) -> datetime:
+    """Rollup hours before this go. Never one whose raw calls are still listed (list totals
+    add up rollups wherever calls are listed) nor one inside the analytics' 30 days, whatever
+    the configuration says."""
+    days = max(settings.rollup_retention_days, settings.tool_call_retention_days, ANALYTICS_DAYS)
+    return floor_hour(now - timedelta(days=days))
+
+
+async def prune_rollups(
+    pool: asyncpg.Pool,
+    settings: Settings,
+    now: datetime,
+    *,
+    batch_size: int = BATCH_SIZE,
+    pause: float = PAUSE_SECONDS,
+) -> int:
+    """Delete the rollup rows of hours before rollup_cutoff(); returns how many."""
+    before = rollup_cutoff(settings, now)
     total = 0
-    while True:
-        deleted = await health_checks_db.prune(pool, cutoff, batch_size)
-        total += deleted
-        if deleted < batch_size:
-            return total
-        await asyncio.sleep(pause)
+    for table in rollups_db.TABLES:
+        delete = functools.partial(rollups_db.prune, pool, table, before, batch_size)
+        total += await _in_batches(delete, batch_size, pause)
+    return total
+
+
+async def prune_alert_events(
+    pool: asyncpg.Pool,
+    settings: Settings,
+    now: datetime,
+    *,
+    batch_size: int = BATCH_SIZE,
+    pause: float = PAUSE_SECONDS,
+) -> int:
+    """Delete alert events (with their deliveries) older than the alert retention, except open
+    incidents and events whose notifications are still being tried; returns how many."""
+    before = now - timedelta(days=settings.alert_retention_days)
+    return await _in_batches(
+        lambda: alerts_db.prune_events(pool, before, batch_size), batch_size, pause
+    )
+
+
+async def maintain_partitions(
+    pool: asyncpg.Pool, settings: Settings, now: datetime
+) -> tuple[list[str], list[str]]:
+    """Make the coming days' partitions of tool_calls, then drop the expired ones; returns the
+    names created and dropped. Creating comes first: it must not wait behind a long detach."""
+    keep_days = settings.tool_call_retention_days
+    async with pool.acquire() as conn:
+        created = await partitions.create_ahead(conn, now, keep_days)
+        dropped = await partitions.drop_expired(conn, now, keep_days)
+    return created, dropped
+
+
+@dataclass(slots=True)
+class Round:
+    """What one round of retention did."""
+
+    created: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    rollup_rows: int = 0
+    alert_events: int = 0
+    health_checks: int = 0
+    rate_limit_hits: int = 0
+    # The steps that failed (each is logged); the others ran all the same.
+    failed: list[str] = field(default_factory=list)
+
+
+async def run_once(
+    pool: asyncpg.Pool,
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    batch_size: int = BATCH_SIZE,
+    pause: float = PAUSE_SECONDS,
+) -> Round:
+    """One round of every kind of retention; a step that fails does not stop the others."""
+    now = datetime.now(UTC) if now is None else now
+    done = Round()
+
+    async def step(name: str, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except _UNREACHABLE as exc:
+            done.failed.append(name)
+            log.warning("retention of %s failed: %s: %s", name, type(exc).__name__, exc)
+        except Exception:
+            done.failed.append(name)
+            log.exception("retention of %s failed", name)
+
+    async def tool_calls() -> None:
+        done.created, done.dropped = await maintain_partitions(pool, settings, now)
+
+    async def rollups() -> None:
+        done.rollup_rows = await prune_rollups(
+            pool, settings, now, batch_size=batch_size, pause=pause
+        )
+
+    async def alert_events() -> None:
+        done.alert_events = await prune_alert_events(
+            pool, settings, now, batch_size=batch_size, pause=pause
+        )
+
+    async def health_checks() -> None:
+        done.health_checks = await prune_old_checks(
+            pool, settings.health_retention_days, batch_size=batch_size, pause=pause
+        )
+
+    await step("tool call partitions", tool_calls())
+    await step("tool call rollups", rollups())
+    await step("alert events", alert_events())
+
+    async def rate_limits() -> None:
+        done.rate_limit_hits = await _in_batches(
+            lambda: rate_limits_db.prune(pool, batch_size), batch_size, pause
+        )
+
+    await step("health checks", health_checks())
+    await step("rate limit attempts", rate_limits())
+    return done
 
 
 async def run_retention(pool: asyncpg.Pool, settings: Settings) -> None:
-    retention_days = settings.health_retention_days
+    """Every EVERY_SECONDS, starting at once (a gateway that was down catches up first)."""
     while True:
-        try:
-            deleted = await prune_old_checks(pool, retention_days)
-            if deleted:
-                log.info("pruned %d health checks older than %d days", deleted, retention_days)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            log.warning("health check retention cannot reach the database: %s", exc)
-        except Exception:
-            log.exception("health check retention failed")
+        done = await run_once(pool, settings)
+        if done.dropped or done.rollup_rows or done.alert_events or done.health_checks:
+            log.info(
+                "retention: dropped tool call days %s, %d rollup rows, %d alert events, "
+                "%d health checks",
+                ", ".join(done.dropped) or "(none)",
+                done.rollup_rows,
+                done.alert_events,
+                done.health_checks,
+            )
         await asyncio.sleep(EVERY_SECONDS)

@@ -14,6 +14,10 @@ _NOT_IN_A_SCHEMA = (
     # test_fuzz runs the gateway with every address refused, so that the URLs the fuzzer
     # registers reach nothing on this machine: URLs with an IP address for a host are refused.
     "the address is refused by the outbound policy",
+    # POST /tool-calls: a created_at outside the tool call retention, which moves with the
+    # clock and GATEWAY_TOOL_CALL_RETENTION_DAYS (stated in created_at's description).
+    "is older than the tool call retention",
+    "is more than 1 hour in the future",
 )
 
 

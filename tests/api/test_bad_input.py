@@ -125,10 +125,15 @@ async def test_times_at_the_edges_and_numbers_are_not_timestamps(
     assert reply.detail.startswith("body.created_at: is out of range")
     reply = await api.post("/tool-calls", json={**late, "created_at": 0.5}, auth=key, expect=422)
     assert reply.detail.startswith("body.created_at:")
-    # The edges themselves are fine.
-    for edge in ("0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z"):
-        await api.post("/tool-calls", json={**late, "created_at": edge}, auth=key, expect=201)
-    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 2
+    # The edges themselves are timestamps, refused only for lying outside the retention.
+    for edge, problem in (
+        ("0001-01-01T00:00:00Z", "is older than the tool call retention"),
+        ("9999-12-31T23:59:59Z", "is more than 1 hour in the future"),
+    ):
+        reply = await api.post("/tool-calls", json={**late, "created_at": edge}, auth=key)
+        assert reply.status == 422, reply.body
+        assert reply.detail.startswith(f"body.created_at: {problem}"), reply.detail
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
 
 
 @pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])

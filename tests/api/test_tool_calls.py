@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from collections.abc import Callable
@@ -10,6 +11,11 @@ from typing import Any
 
 import asyncpg
 
+from gateway.calllog import ToolCall, new_call_id
+from gateway.db import tool_calls as tool_calls_db
+from gateway.db.partitions import floor_day
+from gateway.db.rollups import floor_hour
+from tests.conftest import AppFactory
 from tests.support import Account, Api
 from tests.test_proxy import add_server
 
@@ -119,25 +125,119 @@ async def test_ingest_only_into_own_servers(api: Api, db: asyncpg.Connection) ->
 
 async def test_created_at_may_be_supplied(api: Api, db: asyncpg.Connection) -> None:
     _, key, server_id = await workspace_with_server(api, db)
-    old = tool_call(server_id, created_at="2025-01-02T03:04:05.678+02:00")
-    naive = tool_call(server_id, created_at="2025-01-02T03:04:05")
+    day = floor_day(datetime.now(UTC)) - timedelta(days=3)
+    old = tool_call(server_id, created_at=f"{day:%Y-%m-%d}T03:04:05.678+02:00")
+    naive = tool_call(server_id, created_at=f"{day:%Y-%m-%d}T03:04:05")
     created = await api.post("/tool-calls", json=[old, naive], auth=key, expect=201)
     stamps = [datetime.fromisoformat(item["created_at"]) for item in created.body["items"]]
     assert stamps == [
-        datetime(2025, 1, 2, 1, 4, 5, 678000, tzinfo=UTC),
-        datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
+        day + timedelta(hours=1, minutes=4, seconds=5, milliseconds=678),
+        day + timedelta(hours=3, minutes=4, seconds=5),
     ]
     hours = await db.fetch("SELECT hour FROM tool_call_hourly ORDER BY hour")
-    assert [r["hour"] for r in hours] == [
-        datetime(2025, 1, 2, 1, tzinfo=UTC),
-        datetime(2025, 1, 2, 3, tzinfo=UTC),
+    assert [r["hour"] for r in hours] == [day + timedelta(hours=1), day + timedelta(hours=3)]
+
+
+async def test_created_at_within_the_retention_and_at_most_an_hour_ahead(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    """Every created_at accepted has a partition to go to and stays until its day expires: older
+    than GATEWAY_TOOL_CALL_RETENTION_DAYS, or more than an hour ahead, is a 422 naming the
+    field, and nothing of the request is stored."""
+    api = await make_api(tool_call_retention_days=2)
+    _, key, server_id = await workspace_with_server(api, db)
+    now = datetime.now(UTC)
+    kept = [
+        tool_call(server_id, created_at=iso(now - timedelta(days=2) + timedelta(minutes=1))),
+        tool_call(server_id, created_at=iso(now + timedelta(minutes=59))),
+        tool_call(server_id),
     ]
+    too_old = tool_call(server_id, created_at=iso(now - timedelta(days=2, minutes=1)))
+    too_new = tool_call(server_id, created_at=iso(now + timedelta(minutes=61)))
+    reply = await api.post("/tool-calls", json=too_old, auth=key, expect=422)
+    assert reply.detail == (
+        "body.created_at: is older than the tool call retention (2 days): "
+        "such calls are no longer kept"
+    )
+    reply = await api.post("/tool-calls", json=[*kept, too_new], auth=key, expect=422)
+    assert reply.detail == "body.3.created_at: is more than 1 hour in the future"
+    reply = await api.post("/tool-calls", json=[*kept[:1], too_old], auth=key, expect=422)
+    assert reply.detail.startswith("body.1.created_at: is older than the tool call retention")
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
+
+    created = await api.post("/tool-calls", json=kept, auth=key, expect=201)
+    listed = await api.get("/tool-calls", auth=key, expect=200)
+    newest_first = sorted(created.body["items"], key=lambda c: c["created_at"], reverse=True)
+    assert [c["id"] for c in listed.body["items"]] == [c["id"] for c in newest_first]
+    assert listed.body["total"] == 3
+    # The document says so, where clients read what created_at takes.
+    document = await api.get("/openapi.json", expect=200)
+    described = json.dumps(document.body)
+    assert "GATEWAY_TOOL_CALL_RETENTION_DAYS" in described
+    assert "at most 1 hour ahead" in described
+
+
+async def test_only_calls_within_the_retention_are_listed_and_counted(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    """Calls older than the retention may still be stored until their day's partition goes,
+    while their rollups stay for long after: the list and its total leave both out alike, from
+    the start of the hour the retention reaches back to."""
+    api = await make_api(tool_call_retention_days=3)
+    owner, key, server_id = await workspace_with_server(api, db)
+    now = datetime.now(UTC)
+    kept_since = floor_hour(now - timedelta(days=3))
+    ages = [timedelta(days=5), timedelta(days=3, hours=2), timedelta(days=1), timedelta(0)]
+    ages += [now - kept_since - timedelta(seconds=1)]  # the oldest listed: in the first hour
+    calls = [
+        ToolCall(
+            new_call_id(),
+            uuid.UUID(owner.workspace_id),
+            uuid.UUID(server_id),
+            "search" if i % 2 else "fetch",
+            None,
+            "error" if i % 3 == 0 else "success",
+            5,
+            None,
+            None,
+            None,
+            None,
+            now - age,
+        )
+        for i, age in enumerate(ages * 60)
+    ]
+    # Written as the proxy's would have been when they were new.
+    assert await tool_calls_db.write_batch(db, calls) == len(calls)
+    listed = [c for c in calls if c.created_at >= kept_since]
+    assert len(listed) == 3 * 60
+    for params in [
+        {},
+        {"start": iso(now - timedelta(days=10))},
+        {"status": "error"},
+        {"tool_name": "sea"},
+        {"server_id": server_id, "end": iso(now - timedelta(hours=1))},
+    ]:
+        expected = [
+            c
+            for c in listed
+            if ("status" not in params or c.status == params["status"])
+            and ("tool_name" not in params or c.tool_name == "search")
+            and ("end" not in params or c.created_at <= now - timedelta(hours=1))
+        ]
+        reply = await api.get("/tool-calls", params={**params, "limit": 200}, auth=key)
+        assert reply.status == 200, reply.body
+        assert reply.body["total"] == len(expected), params
+        assert sorted(item["id"] for item in reply.body["items"]) == sorted(
+            str(c.id) for c in expected
+        ), params
+    reply = await api.get("/tool-calls", params={"end": iso(kept_since)}, auth=key, expect=200)
+    assert reply.body == {"items": [], "total": 0}
 
 
 async def test_list_filters_order_and_pages(api: Api, db: asyncpg.Connection) -> None:
     owner, key, server_id = await workspace_with_server(api, db)
     other_server = await add_server(api, db, owner, "http://127.0.0.1:9/other")
-    base = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    base = floor_day(datetime.now(UTC)) - timedelta(days=2) + timedelta(hours=12)
     body = [
         tool_call(server_id, tool_name="Search_Docs", caller_agent="a", created_at=iso(base)),
         tool_call(
@@ -236,7 +336,7 @@ async def test_total_is_exact_over_hours(api: Api, db: asyncpg.Connection) -> No
     owner, key, server_id = await workspace_with_server(api, db)
     other_server = await add_server(api, db, owner, "http://127.0.0.1:9/other")
     rng = random.Random(11)
-    base = datetime(2026, 6, 1, tzinfo=UTC)
+    base = floor_day(datetime.now(UTC)) - timedelta(days=3)
     body = [
         tool_call(
             rng.choice([server_id, other_server]),
@@ -274,7 +374,7 @@ async def test_caller_agent_totals_are_exact(api: Api, db: asyncpg.Connection) -
     owner, key, server_id = await workspace_with_server(api, db)
     other_server = await add_server(api, db, owner, "http://127.0.0.1:9/other")
     rng = random.Random(12)
-    base = datetime(2026, 6, 2, tzinfo=UTC)
+    base = floor_day(datetime.now(UTC)) - timedelta(days=4)
     callers = ["planner", "coder", "Coder"]
     body = [
         tool_call(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -36,9 +37,13 @@ async def test_every_filter_of_the_log(
     api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
 ) -> None:
     owner, key, first, second = await arrange(api, db)
+    # Within the retention (30 days): three days ago, and a day later as a bound between.
+    early = datetime.now(UTC).replace(hour=10, minute=0, second=0, microsecond=0)
+    early -= timedelta(days=3)
+    between = f"{early + timedelta(days=1):%Y-%m-%dT%H:%M}"
     await ingest(api, key, first, 3, tool_name="search", caller_agent="agent-a")
     await ingest(api, key, first, 2, tool_name="fetch", status="error", error_message="boom")
-    await ingest(api, key, second, 1, tool_name="search", created_at="2025-01-01T10:00:00Z")
+    await ingest(api, key, second, 1, tool_name="search", created_at=early.isoformat())
     browser = await browser_for(await api.member(owner, "member"))
     page = await browser.get("/tool-calls")
     assert rows(page.text) == 6 and page.has("6 calls")
@@ -47,8 +52,8 @@ async def test_every_filter_of_the_log(
     assert rows((await browser.get("/tool-calls?caller_agent=agent-a")).text) == 3
     page = await browser.get("/tool-calls?status=error")
     assert rows(page.text) == 2 and page.has("boom")
-    assert rows((await browser.get("/tool-calls?end=2025-06-01T00:00")).text) == 1
-    assert rows((await browser.get("/tool-calls?start=2025-06-01T00:00")).text) == 5
+    assert rows((await browser.get(f"/tool-calls?end={between}")).text) == 1
+    assert rows((await browser.get(f"/tool-calls?start={between}")).text) == 5
     page = await browser.get("/tool-calls?start=2026-01-02T00:00&end=2026-01-01T00:00")
     assert rows(page.text) == 0 and page.has("end must not be before start")
     page = await browser.get("/tool-calls?start=yesterday")

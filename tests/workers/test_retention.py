@@ -1,17 +1,33 @@
-"""Pruning old health checks in batches, keeping the rollups and totals exact."""
+"""Retention: old health checks pruned in batches (rollups and totals kept exact); expired days
+of tool calls dropped whole (analytics stay exact); old rollup hours and alert events pruned in
+batches."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from gateway.calllog import ToolCall, new_call_id
 from gateway.db import health_checks as health_checks_db
-from gateway.keys import POOL
+from gateway.db import tool_calls as tool_calls_db
+from gateway.db.partitions import GRACE, day_name, floor_day, partitions
+from gateway.db.rollups import TABLES, floor_hour, rebuild
+from gateway.keys import POOL, SETTINGS
 from gateway.mcp.probe import ProbeResult
-from gateway.workers.retention import prune_old_checks
+from gateway.workers.retention import (
+    prune_alert_events,
+    prune_old_checks,
+    prune_rollups,
+    rollup_cutoff,
+    run_once,
+)
+from tests.api.test_analytics import check_against_raw, post_calls, random_calls
+from tests.api.test_analytics import workspace as analytics_workspace
+from tests.conftest import AppFactory
 from tests.support import Api
 
 _ROLLUP_VS_RAW = """
@@ -92,3 +108,125 @@ async def test_one_process_prunes_at_a_time(api: Api, db: asyncpg.Connection) ->
     assert sorted(results)[-1] == 40 and sum(results) == 40
     assert await db.fetchval(_ROLLUP_VS_RAW) == 0
     assert await db.fetchval("SELECT checks_healthy FROM servers") == 0
+
+
+# -- tool calls, their rollups, alert events ---------------------------------------------------
+
+
+async def test_expired_days_go_whole_and_analytics_stay_exact(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    """Retention drops the partitions of the days past GATEWAY_TOOL_CALL_RETENTION_DAYS (and
+    an hour's grace), nothing else; the rollups stay, so analytics over 30 days give the
+    figures of every call ever made, before a rebuild of the rollups and after it."""
+    api = await make_api(tool_call_retention_days=40)
+    owner, key, servers = await analytics_workspace(api)
+    rng = random.Random(16)
+    now = datetime.now(UTC)
+    calls = random_calls(rng, servers, now, 400, hours=24 * 29)
+    calls += random_calls(rng, servers, now, 100, hours=24)
+    await post_calls(api, key, calls)
+    settings = api.app[SETTINGS].replace(tool_call_retention_days=3, rollup_retention_days=1)
+    pool = api.app[POOL]
+
+    cutoff = now - timedelta(days=3) - GRACE
+    async with pool.acquire() as conn:
+        gone = {p.name for p in await partitions(conn) if p.end <= cutoff}
+    assert day_name(floor_day(now) - timedelta(days=4)) in gone
+    assert day_name(floor_day(now) - timedelta(days=3)) not in gone
+
+    done = await run_once(pool, settings, now=now, pause=0)
+    assert set(done.dropped) == gone
+    assert done.failed == [] and done.rollup_rows == 0
+    left = await db.fetch("SELECT created_at FROM tool_calls")
+    assert sorted(r["created_at"] for r in left) == sorted(
+        t
+        for t in (datetime.fromisoformat(c["created_at"]) for c in calls)
+        if t >= floor_day(cutoff)
+    )
+    for days in (1, 7, 30):
+        await check_against_raw(api, owner, calls, days, None)
+    # A rebuild recomputes only the hours whose calls are all still stored.
+    async with pool.acquire() as conn:
+        await rebuild(conn)
+    for days in (7, 30):
+        await check_against_raw(api, owner, calls, days, None)
+    await check_against_raw(api, key, calls, 7, servers[0])
+    # Nothing more to drop.
+    assert (await run_once(pool, settings, now=now, pause=0)).dropped == []
+
+
+async def test_rollups_and_alert_events_go_in_batches(api: Api, db: asyncpg.Connection) -> None:
+    admin = await api.signup()
+    workspace_id = uuid.UUID(admin.workspace_id)
+    server_id = uuid.UUID(
+        (
+            await api.post(
+                "/servers", json={"name": "a", "url": "http://x.test/mcp"}, auth=admin, expect=201
+            )
+        ).body["id"]
+    )
+    now = datetime.now(UTC)
+    # Calls 50, 45 and 40 days old (their days get partitions as they are written) and recent.
+    ages = [timedelta(days=d, minutes=m) for d in (50, 45, 40, 2) for m in range(0, 300, 7)]
+    calls = [
+        ToolCall(new_call_id(), workspace_id, server_id, f"tool-{i % 3}", "a" if i % 2 else None,
+                 "error" if i % 5 == 0 else "success", i, None, None, None, None, now - age)
+        for i, age in enumerate(ages)
+    ]  # fmt: skip
+    await tool_calls_db.write_batch(db, calls)
+    settings = api.app[SETTINGS].replace(rollup_retention_days=42, alert_retention_days=10)
+    cutoff = rollup_cutoff(settings, now)
+    assert cutoff == floor_hour(now - timedelta(days=42))
+    before = {t: await db.fetch(f"SELECT * FROM {t} ORDER BY 1, 2, 3") for t in TABLES}
+
+    rule_id = await db.fetchval(
+        "INSERT INTO alert_rules (workspace_id, name, metric, operator, threshold, "
+        "window_minutes) VALUES ($1, 'r', 'call_count', '>', 1, 5) RETURNING id",
+        workspace_id,
+    )
+
+    async def event(age_days: float, kind: str, resolved: bool, delivery: str | None) -> uuid.UUID:
+        at = now - timedelta(days=age_days)
+        event_id: uuid.UUID = await db.fetchval(
+            "INSERT INTO alert_events (workspace_id, rule_id, server_id, event_type, "
+            "metric_value, fired_at, resolved_at, created_at) "
+            "VALUES ($1, $2, $3, $4, 1, $5, $6, $5) RETURNING id",
+            workspace_id, rule_id, server_id, kind, at, at if resolved else None,
+        )  # fmt: skip
+        if delivery is not None:
+            delivery_id = await db.fetchval(
+                "INSERT INTO alert_deliveries (event_id, rule_id, server_id, target, url, "
+                "payload, status) VALUES ($1, $2, $3, 'webhook', 'http://x.test', '{}', $4) "
+                "RETURNING id",
+                event_id, rule_id, server_id, delivery,
+            )  # fmt: skip
+            await db.execute(
+                "INSERT INTO alert_delivery_attempts (delivery_id, attempt, attempted_at, "
+                "duration_ms, status_code) VALUES ($1, 1, $2, 5, 200)",
+                delivery_id, at,
+            )  # fmt: skip
+        return event_id
+
+    old = [await event(20 + i, "FIRING", True, "delivered") for i in range(5)]
+    old += [await event(20 + i, "RESOLVED", True, "failed") for i in range(4)]
+    old += [await event(11, "RESOLVED", True, None)]
+    kept = [
+        await event(30, "FIRING", False, "delivered"),  # an incident still open
+        await event(25, "RESOLVED", True, "pending"),  # its notification still being tried
+        await event(9, "RESOLVED", True, "delivered"),  # within the retention
+    ]
+    pool = api.app[POOL]
+
+    pruned = await prune_rollups(pool, settings, now, batch_size=4, pause=0)
+    assert pruned == sum(1 for rows in before.values() for r in rows if r["hour"] < cutoff)
+    for table in TABLES:
+        after = await db.fetch(f"SELECT * FROM {table} ORDER BY 1, 2, 3")
+        assert after == [r for r in before[table] if r["hour"] >= cutoff], table
+    assert await prune_alert_events(pool, settings, now, batch_size=3, pause=0) == len(old)
+    assert sorted(r["id"] for r in await db.fetch("SELECT id FROM alert_events")) == sorted(kept)
+    assert await db.fetchval("SELECT count(*) FROM alert_deliveries") == 3
+    assert await db.fetchval("SELECT count(*) FROM alert_delivery_attempts") == 3
+    # Rollups are never pruned inside the analytics' 30 days or the raw calls' retention.
+    short = settings.replace(rollup_retention_days=1, tool_call_retention_days=35)
+    assert rollup_cutoff(short, now) == floor_hour(now - timedelta(days=35))

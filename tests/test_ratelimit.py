@@ -1,0 +1,50 @@
+"""Login and signup rate limits hold across gateway processes: the counts are shared."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+
+from gateway.keys import POOL, SETTINGS
+from gateway.ratelimit import AuthRateLimiter
+from gateway.workers.retention import run_once
+from tests.api.conftest import cheap_password_hashing  # noqa: F401 -- autouse fixture
+from tests.conftest import AppFactory
+from tests.support import Api
+
+LOGIN = {"email": "ada@example.com", "password": "password123"}
+
+
+async def test_two_processes_share_one_limit(make_api: AppFactory) -> None:
+    # Two apps on one database, as two gateway processes behind a balancer.
+    a, b = await make_api(auth_rate_limit="3/minute"), await make_api(auth_rate_limit="3/minute")
+    await a.post("/auth/login", json=LOGIN, expect=401)
+    await b.post("/auth/login", json=LOGIN, expect=401)
+    await a.post("/auth/login", json=LOGIN, expect=401)
+    for api in (b, a):
+        limited = await api.post("/auth/login", json=LOGIN, expect=429)
+        assert 1 <= int(limited.headers["Retry-After"]) <= 60
+
+
+async def test_racing_processes_never_exceed_the_limit(make_api: AppFactory) -> None:
+    a, b = await make_api(auth_rate_limit="5/minute"), await make_api(auth_rate_limit="5/minute")
+    limiters = [
+        AuthRateLimiter.shared("5/minute", api.app[POOL], None) for api in (a, b) for _ in range(3)
+    ]
+    outcomes = await asyncio.gather(
+        *(limiters[i % len(limiters)].hit("email:race@example.com") for i in range(30)),
+        return_exceptions=True,
+    )
+    assert sum(outcome is None for outcome in outcomes) == 5
+
+
+async def test_expired_attempts_are_swept(api: Api, db: asyncpg.Connection) -> None:
+    await api.post("/auth/login", json=LOGIN, expect=401)
+    # Both keys: the client's address and the email.
+    assert await db.fetchval("SELECT count(*) FROM rate_limit_hits") == 2
+    assert (await run_once(api.app[POOL], api.app[SETTINGS])).rate_limit_hits == 0
+    await db.execute("UPDATE rate_limit_hits SET expires_at = now() - interval '1 second'")
+    swept = await run_once(api.app[POOL], api.app[SETTINGS], batch_size=1, pause=0)
+    assert swept.rate_limit_hits == 2
+    assert await db.fetchval("SELECT count(*) FROM rate_limit_hits") == 0
