@@ -19,13 +19,14 @@ from gateway.db.types import Connection
 from gateway.db.users import User
 from gateway.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from gateway.keys import AUTHENTICATOR, POOL, RATE_LIMITER, SETTINGS
+from gateway.ratelimit import client_address
 from gateway.security.passwords import hash_password, verify_password
 
 _INVITE_GONE = "invitation not found, expired or already used"
 
 
 async def _rate_limit(request: web.Request, email: str) -> None:
-    address = request.remote or "unknown"
+    address = client_address(request, request.app[SETTINGS].trusted_proxies)
     await request.app[RATE_LIMITER].hit(f"ip:{address}", f"email:{email}")
 
 

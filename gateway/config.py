@@ -73,6 +73,8 @@ class Settings:
     # metadata ones always refused, and exceptions to those.
     outbound_deny: tuple[Network, ...] = ()
     outbound_allow: tuple[Network, ...] = ()
+    # Proxies whose X-Forwarded-For is believed (for the per-address login rate limit).
+    trusted_proxies: tuple[Network, ...] = ()
     # Who may sign up: anyone (open), only with an invitation (invite), nobody (closed).
     signup: str = "open"
     # Rate limit for login and signup, per client address and per email.
@@ -246,6 +248,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_DB_STATEMENT_TIMEOUT_SECONDS": ("db_statement_timeout_seconds", _positive_float),
     "GATEWAY_OUTBOUND_DENY": ("outbound_deny", _networks),
     "GATEWAY_OUTBOUND_ALLOW": ("outbound_allow", _networks),
+    "GATEWAY_TRUSTED_PROXIES": ("trusted_proxies", _networks),
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
     "GATEWAY_WORKERS": ("workers", _workers),
     "GATEWAY_METRICS_PER_SERVER": ("metrics_per_server", _flag),

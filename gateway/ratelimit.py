@@ -9,19 +9,48 @@ and is these two calls).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import time
 
 import asyncpg
+from aiohttp import web
 from limits import parse
 from limits.aio.storage import MovingWindowSupport, RedisStorage
 from redis.exceptions import RedisError
 
 from gateway.db.rate_limits import PostgresMovingWindow
 from gateway.errors import TooManyRequests
+from gateway.outbound import Network
 
 log = logging.getLogger(__name__)
+
+# Longer than any address; a longer X-Forwarded-For entry is not one (and is cut to this).
+_MAX_ADDRESS = 64
+
+
+def client_address(request: web.Request, trusted: tuple[Network, ...]) -> str:
+    """The address to count a login attempt against. Behind a proxy in `trusted`
+    (GATEWAY_TRUSTED_PROXIES), the nearest address in X-Forwarded-For that is not a trusted
+    proxy: entries further left were written by the client and prove nothing."""
+    peer = request.remote or "unknown"
+    if not trusted or not _within(peer, trusted):
+        return peer
+    hops = [h.strip() for v in request.headers.getall("X-Forwarded-For", ()) for h in v.split(",")]
+    hops = [h for h in hops if h]
+    for hop in reversed(hops):
+        if not _within(hop, trusted):
+            return hop[:_MAX_ADDRESS]
+    return hops[0][:_MAX_ADDRESS] if hops else peer
+
+
+def _within(address: str, networks: tuple[Network, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
 
 
 class AuthRateLimiter:

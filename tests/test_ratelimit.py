@@ -7,6 +7,7 @@ import asyncio
 import asyncpg
 
 from gateway.keys import POOL, SETTINGS
+from gateway.outbound import parse_networks
 from gateway.ratelimit import AuthRateLimiter
 from gateway.workers.retention import run_once
 from tests.api.conftest import cheap_password_hashing  # noqa: F401 -- autouse fixture
@@ -48,3 +49,28 @@ async def test_expired_attempts_are_swept(api: Api, db: asyncpg.Connection) -> N
     swept = await run_once(api.app[POOL], api.app[SETTINGS], batch_size=1, pause=0)
     assert swept.rate_limit_hits == 2
     assert await db.fetchval("SELECT count(*) FROM rate_limit_hits") == 0
+
+
+async def _login(api: Api, email: str, forwarded_for: str, expect: int) -> None:
+    body = {"email": email, "password": "password123"}
+    headers = {"X-Forwarded-For": forwarded_for}
+    await api.post("/auth/login", json=body, headers=headers, expect=expect)
+
+
+async def test_behind_a_trusted_proxy_each_client_has_its_own_limit(
+    make_api: AppFactory,
+) -> None:
+    api = await make_api(auth_rate_limit="2/minute", trusted_proxies=parse_networks("127.0.0.0/8"))
+    await _login(api, "a1@example.com", "203.0.113.5", 401)
+    await _login(api, "a2@example.com", "203.0.113.5", 401)
+    await _login(api, "a3@example.com", "203.0.113.5", 429)
+    await _login(api, "b1@example.com", "203.0.113.6", 401)  # another client
+    # What the client itself wrote (left of the proxy's entry) changes nothing.
+    await _login(api, "a4@example.com", "198.51.100.9, 203.0.113.5", 429)
+
+
+async def test_forwarded_for_is_ignored_from_anyone_else(make_api: AppFactory) -> None:
+    api = await make_api(auth_rate_limit="2/minute")
+    await _login(api, "a1@example.com", "203.0.113.5", 401)
+    await _login(api, "a2@example.com", "203.0.113.6", 401)
+    await _login(api, "a3@example.com", "203.0.113.7", 429)  # all one address: 127.0.0.1
