@@ -165,12 +165,6 @@ async def load(gw: Gateway, rows: int, seed: int) -> tuple[list[uuid.UUID], floa
         first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
         counts = hourly_counts(rng, rows, hours)
         incident = set(range(hours - 100, hours - 96))
-        indexes = await conn.fetch(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'tool_calls' "
-            "AND indexname <> 'tool_calls_pkey'"
-        )
-        for index in indexes:
-            await conn.execute(f"DROP INDEX {index['indexname']}")
 
         async def chunks() -> AsyncIterator[bytes]:
             done = 0
@@ -184,16 +178,29 @@ async def load(gw: Gateway, rows: int, seed: int) -> tuple[list[uuid.UUID], floa
                     print(f"  {done:,} rows", flush=True)
                 yield text.encode()
 
-        started = time.monotonic()
-        await conn.copy_to_table("tool_calls", source=chunks(), columns=COLUMNS, format="text")
-        copied = time.monotonic()
-        await conn.execute("SET maintenance_work_mem = '512MB'")
-        for index in indexes:
-            await conn.execute(index["indexdef"])
-        indexed = time.monotonic()
+        copying, indexing = await bulk_load(conn, chunks())
     finally:
         await conn.close()
-    return list(server_ids.values()), copied - started, indexed - copied
+    return list(server_ids.values()), copying, indexing
+
+
+async def bulk_load(conn: asyncpg.Connection, chunks: AsyncIterator[bytes]) -> tuple[float, float]:
+    """COPY rows (text format, COLUMNS) into tool_calls with its secondary indexes dropped,
+    then rebuilt: seconds copying, seconds indexing."""
+    indexes = await conn.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'tool_calls' "
+        "AND indexname <> 'tool_calls_pkey'"
+    )
+    for index in indexes:
+        await conn.execute(f"DROP INDEX {index['indexname']}")
+    started = time.monotonic()
+    await conn.copy_to_table("tool_calls", source=chunks, columns=COLUMNS, format="text")
+    copied = time.monotonic()
+    await conn.execute("SET maintenance_work_mem = '512MB'")
+    for index in indexes:
+        await conn.execute(index["indexdef"])
+    await conn.execute("ANALYZE tool_calls")
+    return copied - started, time.monotonic() - copied
 
 
 def rebuild_rollups(dsn: str) -> float:

@@ -131,6 +131,18 @@ class Gateway:
             await conn.close()
 
 
+async def logged(dsn: str, server_id: uuid.UUID) -> int:
+    """The tool calls of one server in the log."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        count: int = await conn.fetchval(
+            "SELECT count(*) FROM tool_calls WHERE server_id = $1", server_id
+        )
+        return count
+    finally:
+        await conn.close()
+
+
 @contextlib.contextmanager
 def gateway(
     dsn: str,

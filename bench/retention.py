@@ -44,12 +44,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.analytics import COLUMNS, SERVERS, Traffic, hourly_counts
+from bench.analytics import SERVERS, Traffic, bulk_load, hourly_counts
 from bench.harness import (
     OTHERS_CPU,
     WrkResult,
     free_port,
     gateway,
+    logged,
     pinned,
     process,
     wrk,
@@ -115,12 +116,6 @@ async def load(
             hourly_counts(rng, sizes[1], 24))]  # fmt: skip
         rest = hourly_counts(rng, rows - sum(sizes), rest_hours)
         plan += [(first_rest + timedelta(hours=h), int(n)) for h, n in enumerate(rest)]
-        indexes = await conn.fetch(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'tool_calls' "
-            "AND indexname <> 'tool_calls_pkey'"
-        )
-        for index in indexes:
-            await conn.execute(f"DROP INDEX {index['indexname']}")
 
         async def chunks() -> AsyncIterator[bytes]:
             done = 0
@@ -130,17 +125,10 @@ async def load(
                 if h % 120 == 119:
                     print(f"  {done:,} rows", flush=True)
 
-        started = time.monotonic()
-        await conn.copy_to_table("tool_calls", source=chunks(), columns=COLUMNS, format="text")
-        copied = time.monotonic()
-        await conn.execute("SET maintenance_work_mem = '512MB'")
-        for index in indexes:
-            await conn.execute(index["indexdef"])
-        await conn.execute("ANALYZE tool_calls")
-        indexed = time.monotonic()
+        copying, indexing = await bulk_load(conn, chunks())
     finally:
         await conn.close()
-    return small, copied - started, indexed - copied
+    return small, copying, indexing
 
 
 async def time_migration(
@@ -235,17 +223,6 @@ def wrk_during(
     finally:
         thread.join()
     return result[0], outcome
-
-
-async def logged(dsn: str, server_id: uuid.UUID) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        count: int = await conn.fetchval(
-            "SELECT count(*) FROM tool_calls WHERE server_id = $1", server_id
-        )
-        return count
-    finally:
-        await conn.close()
 
 
 def main() -> None:

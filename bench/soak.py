@@ -129,7 +129,8 @@ def main() -> None:
                 sys.executable, "-m", "locust", "-f", str(ROOT / "bench" / "locustfile.py"),
                 "--host", url, "--headless", "-u", str(args.users), "-r", str(args.users),
                 "-t", f"{int(args.minutes * 60)}s", "--stop-timeout", "10",
-                "--csv", str(prefix), "--json-file", f"{prefix}_final", "--only-summary", "--loglevel", "WARNING",
+                "--csv", str(prefix), "--json-file", f"{prefix}_final",
+                "--only-summary", "--loglevel", "WARNING",
             ]  # fmt: skip
             locust_env = {
                 **os.environ,

@@ -27,7 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp
-import asyncpg
 
 from bench import harness
 from bench.harness import (
@@ -35,6 +34,7 @@ from bench.harness import (
     WrkResult,
     free_port,
     gateway,
+    logged,
     median_result,
     pinned,
     postgres,
@@ -63,17 +63,6 @@ async def all_workers_up(url: str, count: int) -> None:
                 async with http.get("/healthz") as response:
                     seen.add((await response.json())["worker"])
             await asyncio.sleep(0.01)
-
-
-async def logged(dsn: str, server_id: uuid.UUID) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        count: int = await conn.fetchval(
-            "SELECT count(*) FROM tool_calls WHERE server_id = $1", server_id
-        )
-        return count
-    finally:
-        await conn.close()
 
 
 def main() -> None:

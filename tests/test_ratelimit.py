@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 
@@ -13,6 +14,7 @@ from gateway.workers.retention import run_once
 from tests.api.conftest import cheap_password_hashing  # noqa: F401 -- autouse fixture
 from tests.conftest import AppFactory
 from tests.support import Api
+from tests.upstreams import free_port
 
 LOGIN = {"email": "ada@example.com", "password": "password123"}
 
@@ -74,3 +76,27 @@ async def test_forwarded_for_is_ignored_from_anyone_else(make_api: AppFactory) -
     await _login(api, "a1@example.com", "203.0.113.5", 401)
     await _login(api, "a2@example.com", "203.0.113.6", 401)
     await _login(api, "a3@example.com", "203.0.113.7", 429)  # all one address: 127.0.0.1
+
+
+async def test_with_redis_processes_share_the_limit_there(
+    make_api: AppFactory, redis_url: str, db: asyncpg.Connection
+) -> None:
+    settings = {"auth_rate_limit": "3/minute", "trusted_proxies": parse_networks("127.0.0.0/8")}
+    a, b = (
+        await make_api(redis_url=redis_url, **settings),
+        await make_api(redis_url=redis_url, **settings),
+    )
+    client = f"203.0.113.{uuid.uuid4().int % 250}"  # the session's Redis outlives this test
+    emails = [f"{uuid.uuid4().hex}@example.com" for _ in range(5)]
+    await _login(a, emails[0], client, 401)
+    await _login(b, emails[1], client, 401)
+    await _login(a, emails[2], client, 401)
+    await _login(b, emails[3], client, 429)
+    await _login(a, emails[4], client, 429)
+    assert await db.fetchval("SELECT count(*) FROM rate_limit_hits") == 0  # all in Redis
+
+
+async def test_while_redis_is_away_attempts_are_let_through(make_api: AppFactory) -> None:
+    api = await make_api(redis_url=f"redis://127.0.0.1:{free_port()}/0", auth_rate_limit="1/minute")
+    for email in ("a@example.com", "b@example.com"):
+        await _login(api, email, "203.0.113.1", 401)
