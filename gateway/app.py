@@ -198,7 +198,6 @@ def create_app(settings: Settings) -> web.Application:
     app[ENDPOINTS] = endpoints
     app[OPENAPI_DOCUMENT] = openapi.build_document(endpoints, service_version())
     openapi.add_docs_static(app)
-    proxy.setup_response_headers(app)
     setup_dashboard(app)
     setup_readiness(app)
     app.cleanup_ctx.extend(

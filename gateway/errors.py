@@ -9,6 +9,7 @@ import asyncpg
 import orjson
 from aiohttp import web
 
+from gateway import cors
 from gateway.keys import ERROR_PAGE
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def _error(
     request: web.Request, status: int, detail: str, headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
+    headers = cors.error_headers(request, headers)
     # The API (and the proxy) answer JSON; the dashboard's pages answer pages.
     page = None if request.path.startswith("/api/") else request.app.get(ERROR_PAGE)
     if page is not None:

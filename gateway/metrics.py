@@ -35,6 +35,10 @@ SECONDS_BUCKETS = (
     60.0,
 )  # fmt: skip
 
+# What the proxy tells apart: POST with a tools/call, other POSTs, GET (the server's stream of
+# a session), DELETE (the end of a session).
+METHOD_CLASSES = ("tools_call", "request", "stream", "session_end")
+
 Kind = Literal["counter", "gauge", "histogram"]
 Labels = tuple[str, ...]
 
@@ -84,17 +88,25 @@ class Histogram:
         self.values: dict[Labels, list[Any]] = {}
 
     def observe(self, value: float, *labels: str) -> None:
+        observe(self.entry(*labels), value, self.buckets)
+
+    def entry(self, *labels: str) -> list[Any]:
+        """The [counts, sum] of these labels, for a hot path to observe into directly."""
         entry = self.values.get(labels)
         if entry is None:
             entry = self.values[labels] = [[0] * (len(self.buckets) + 1), 0.0]
-        entry[0][bisect.bisect_left(self.buckets, value)] += 1  # `le`: bounds are inclusive
-        entry[1] += value
+        return entry
 
     def series(self) -> Series:
         values = [
             (labels, (list(counts), total)) for labels, (counts, total) in self.values.items()
         ]
         return Series("histogram", self.name, self.documentation, self.labelnames, values)
+
+
+def observe(entry: list[Any], value: float, buckets: tuple[float, ...] = SECONDS_BUCKETS) -> None:
+    entry[0][bisect.bisect_left(buckets, value)] += 1  # `le`: bounds are inclusive
+    entry[1] += value
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +189,9 @@ class Metrics:
         )
     )
     readings: list[Reading] = field(default_factory=list)
+    # method class -> the entries of proxy_upstream_seconds and proxy_gateway_seconds, which
+    # the proxy observes into without a lookup by labels.
+    proxy_times: dict[str, tuple[list[Any], list[Any]]] = field(init=False)
 
     def __post_init__(self) -> None:
         labels: Labels = ("method_class", "outcome")
@@ -187,6 +202,13 @@ class Metrics:
             "caller_left)",
             (*labels, "server_id") if self.per_server else labels,
         )
+        self.proxy_times = {
+            method_class: (
+                self.proxy_upstream_seconds.entry(method_class),
+                self.proxy_gateway_seconds.entry(method_class),
+            )
+            for method_class in METHOD_CLASSES
+        }
 
     def series(self) -> list[Series]:
         instruments = (

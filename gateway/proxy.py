@@ -3,10 +3,8 @@
 Per request: the caller is authenticated and the server looked up from in-process caches, the
 body is forwarded byte for byte with the MCP headers (the caller's credentials replaced by the
 server's), and the upstream status, headers and body are streamed back as they arrive. Each
-`tools/call` in the body becomes one entry of the call log, queued without waiting.
-
-CORS: the proxy answers any origin (`Access-Control-Allow-Origin: *`). That opens nothing: the
-gateway authenticates by header only (X-API-Key or a bearer token), never by cookie.
+`tools/call` in the body becomes one entry of the call log, queued without waiting. Browsers
+may call it from any origin (gateway/cors.py).
 """
 
 from __future__ import annotations
@@ -24,7 +22,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import Field
 
-from gateway.api.routing import API_PREFIX, Routes, read_bytes
+from gateway import cors
+from gateway.api.routing import Routes, read_bytes
 from gateway.auth import PRINCIPAL, USE, Access
 from gateway.caches import MISSING
 from gateway.calllog import ToolCall, clean_text, new_call_id
@@ -37,7 +36,7 @@ from gateway.mcp.tool_calls import (
     read_reply,
     tool_calls_in,
 )
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, observe
 from gateway.outbound import RefusedAddress
 from gateway.upstreams import Upstream
 
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 routes = Routes("proxy")
 
 PROXY_PATH = "/proxy/{server_id}/mcp"
-_PROXY_PREFIX = f"{API_PREFIX}/proxy/"
 
 # Request headers sent upstream (plus every Mcp-Param-*); everything else stays here: hop-by-hop
 # headers, Host, Content-Length, Origin, and the caller's Authorization, X-API-Key and Cookie.
@@ -93,12 +91,6 @@ _MAX_CALLER_AGENT = 255
 
 CALLER_HUNG_UP = f"{CALLER_CANCELLED}: it went away before the response arrived"
 _NO_RESPONSE = "the upstream's reply holds no response to this call"
-
-_CORS_ALLOW_HEADERS = (
-    "Authorization, X-API-Key, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, "
-    "Mcp-Method, Mcp-Name, Last-Event-ID, X-Caller-Agent, traceparent, tracestate"
-)
-_CORS_EXPOSE_HEADERS = "Mcp-Session-Id, Retry-After, Allow"
 
 
 @functools.lru_cache(maxsize=1024)  # callers send the same few header names again and again
@@ -150,11 +142,29 @@ class UpstreamResponse(web.Response):
     # The upstream sent no Content-Type: aiohttp would add application/octet-stream.
     bare = False
 
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        _only_upstream_headers(self.headers, self.bare)
+
 
 class UpstreamStream(web.StreamResponse):
     """An upstream's answer streamed back as it arrives."""
 
     bare = False
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        _only_upstream_headers(self.headers, self.bare)
+
+
+def _only_upstream_headers(headers: CIMultiDict[str], bare: bool) -> None:
+    """After aiohttp has added its defaults (in _prepare_headers, rather than in an
+    on_response_prepare signal, which would cost every response of the gateway two coroutines):
+    an upstream's reply carries its own headers only, and HTTP's framing and Date, no aiohttp
+    Server, no Content-Type it did not send."""
+    headers.popall("Server", None)
+    if bare:
+        headers.popall("Content-Type", None)
 
 
 class _Outcome:
@@ -181,8 +191,8 @@ class _Outcome:
         # the kind of failure for the metrics.
         self.error: str | None = None
         self.kind = ""
-        # perf_counter() when the request went upstream, when the upstream's headers came,
-        # and when a buffered reply had been read whole (0.0: not yet).
+        # perf_counter() when the request went upstream, when a streamed reply's headers
+        # came, and when a buffered reply had been read whole (0.0: not yet, or not so).
         self.forwarded_at = 0.0
         self.answered_at = 0.0
         self.read_at = 0.0
@@ -307,7 +317,6 @@ async def _exchange(
         refused = isinstance(getattr(exc, "os_error", exc), RefusedAddress)
         outcome.kind = "refused" if refused else "unreachable"
         raise BadGateway(outcome.error) from None
-    outcome.answered_at = time.perf_counter()
     async with reply:
         outcome.status = reply.status
         headers = CIMultiDict[str]()
@@ -315,6 +324,8 @@ async def _exchange(
             value = reply.headers.get(name)
             if value is not None:
                 headers[name] = value
+        if "Origin" in request.headers:
+            headers.update(cors.ANSWER_HEADERS)
         content_type = reply.headers.get("Content-Type")
         is_stream = _is_event_stream(content_type)
         length = reply.content_length
@@ -322,6 +333,7 @@ async def _exchange(
             buffered = await _buffered(request, reply, headers, outcome, timeout_seconds)
             buffered.bare = content_type is None
             return buffered
+        outcome.answered_at = time.perf_counter()  # (a buffered reply: read_at)
         if outcome.calls:
             outcome.reader = ReplyReader(outcome.calls, event_stream=is_stream)
         response = UpstreamStream(status=reply.status, reason=reply.reason, headers=headers)
@@ -456,18 +468,19 @@ def _count(
     key = (method_class, result, str(server_id)) if metrics.per_server else (method_class, result)
     counts = metrics.proxy_requests.values
     counts[key] = counts.get(key, 0) + 1
-    answered = outcome.answered_at
-    if answered:
-        # Buffered, the reply's body was the upstream's time too; streamed, its headers end it.
-        read = outcome.read_at
-        if read:
-            waited = read - forwarded
-            own = time.perf_counter() - started - waited
-        else:
-            waited = answered - forwarded
-            own = forwarded - started
-        metrics.proxy_upstream_seconds.observe(waited, method_class)
-        metrics.proxy_gateway_seconds.observe(own, method_class)
+    # Buffered, the reply's body was the upstream's time too; streamed, its headers end it.
+    read = outcome.read_at
+    if read:
+        waited = read - forwarded
+        own = time.perf_counter() - started - waited
+    elif outcome.answered_at:
+        waited = outcome.answered_at - forwarded
+        own = forwarded - started
+    else:
+        return  # no answer from the upstream
+    upstream_time, own_time = metrics.proxy_times[method_class]
+    observe(upstream_time, waited)
+    observe(own_time, own)
 
 
 _STATUS_CLASSES = {2: "ok", 3: "upstream_3xx", 4: "upstream_4xx", 5: "upstream_5xx"}
@@ -549,27 +562,10 @@ async def preflight(request: web.Request, server_id: uuid.UUID) -> web.Response:
     return web.Response(
         status=204,
         headers={
+            **cors.ANSWER_HEADERS,
             "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
             # Echoed, so the caller's Mcp-Param-* headers are allowed too.
-            "Access-Control-Allow-Headers": requested or _CORS_ALLOW_HEADERS,
+            "Access-Control-Allow-Headers": requested or cors.ALLOW_HEADERS,
             "Access-Control-Max-Age": "86400",
         },
     )
-
-
-async def _response_headers(request: web.Request, response: web.StreamResponse) -> None:
-    # Runs after aiohttp's defaults are in. An upstream's reply carries its own headers only
-    # (and HTTP's framing and Date): no aiohttp Server, no Content-Type it did not send.
-    if isinstance(response, (UpstreamResponse, UpstreamStream)):
-        headers = response.headers
-        headers.popall("Server", None)
-        if response.bare:
-            headers.popall("Content-Type", None)
-    # Every response of the proxy routes, errors included, so a browser can read them.
-    if "Origin" in request.headers and request.path.startswith(_PROXY_PREFIX):
-        response.headers["Access-Control-Allow-Origin"] = "*"
-        response.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE_HEADERS
-
-
-def setup_response_headers(app: web.Application) -> None:
-    app.on_response_prepare.append(_response_headers)

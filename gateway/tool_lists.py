@@ -4,8 +4,10 @@ Entries live in the shared response cache (gateway/shared_cache.py). Each carrie
 of the server's url and credentials, so a list is never served for a server that has changed
 since it was fetched, whatever the backend and whether or not a NOTIFY was heard; deleted
 servers are not found at all. A DELETE of the cache drops the entry and broadcasts
-`tool_list:<server id>` on the invalidation channel, so every process forgets its own copy
-(in memory) and does not store a fetch that was under way.
+`tool_list:<server id>:<origin>` on the invalidation channel, so every other process forgets its
+own copy (in memory) and does not store a fetch that was under way. The origin names the process
+that dropped: it has forgotten already, and hearing its own drop later (PostgreSQL delivers it
+after a delay, a long one under load) must not void the fetch that followed the drop.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class ToolLists:
         self._epochs: dict[uuid.UUID, int] = {}
         self._fetches: dict[tuple[uuid.UUID, str], asyncio.Task[ToolList]] = {}
         self._deletes: set[asyncio.Task[None]] = set()
+        # Names this process in the NOTIFY of its drops, so it knows them when they come back.
+        self._origin = uuid.uuid4().hex
         # For the metrics: lists answered from the cache, and fetched.
         self.hits = 0
         self.misses = 0
@@ -154,7 +158,8 @@ class ToolLists:
             await self._cache.delete(old_key)
         except _CACHE_ERRORS as exc:
             raise ServiceUnavailable(f"the tool list cache is unavailable: {exc}") from None
-        await self._pool.execute("SELECT pg_notify($1, $2)", CHANNEL, f"{TABLE}:{server_id}")
+        payload = f"{TABLE}:{server_id}:{self._origin}"
+        await self._pool.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
 
     def clear(self) -> None:
         """Called when the listener connects or is lost: anything may have changed unheard."""
@@ -198,7 +203,10 @@ class ToolLists:
             del self._fetches[flight]
 
     def _heard(self, key: str) -> None:
-        self._forget(uuid.UUID(key))
+        server_id, _, origin = key.partition(":")
+        # Our own drop has forgotten already: again would void a fetch begun since.
+        if origin != self._origin:
+            self._forget(uuid.UUID(server_id))
 
     def _server_changed(self, key: str) -> None:
         # The fingerprint already keeps a changed server's old list from being served; this

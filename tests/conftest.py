@@ -3,6 +3,9 @@
 PostgreSQL is TEST_DATABASE_URL when set (a role allowed to CREATE DATABASE), else an embedded
 server from pgserver under pytest's temp dir. The schema is applied once to a template
 database; each test gets its own copy (CREATE DATABASE ... TEMPLATE), so tests are isolated.
+Redis, for the tests that need one, is TEST_REDIS_URL when set, else a private redis-server
+when one is on PATH; without either those tests skip. Under pytest-xdist every worker has its
+own session, so its own servers and template database.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ import concurrent.futures
 import contextlib
 import os
 import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +36,7 @@ from gateway.config import Settings
 from gateway.db.schema import apply_schema
 from tests.contract import ContractChecker
 from tests.support import Api
-from tests.upstreams import sdk_server
+from tests.upstreams import free_port, sdk_server
 
 TEST_FERNET_KEY = Fernet.generate_key().decode()
 
@@ -55,6 +63,57 @@ def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="delete")
     yield server.get_uri()
     server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """TEST_REDIS_URL, else a redis-server of this session's own on a free loopback port (never
+    the machine's Redis, whose keys are not ours to touch); the test skips without either."""
+    url = os.environ.get("TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("needs Redis: install redis-server (on PATH) or set TEST_REDIS_URL")
+    with private_redis(binary, tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def private_redis(binary: str, directory: Path) -> Iterator[str]:
+    """redis-server on 127.0.0.1 (a free port), storing nothing on disk, stopped by PID."""
+    port = free_port()
+    args = [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory)]
+    args += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_for_redis(proc, port, log)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def _wait_for_redis(proc: subprocess.Popen[bytes], port: int, log: Any) -> None:
+    # PONG, not an open port: the port could be another process's that took it meanwhile.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            output = log.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"redis-server exited with {proc.returncode}:\n{output}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(64).startswith(b"+PONG"):
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server did not answer on port {port} within 30 s")
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ import pydantic
 from aiohttp import web
 
 from gateway.auth import PRINCIPAL, Access, path_uuid, refuse_api_key
+from gateway.caches import MISSING
 from gateway.errors import BadRequest, RequestTimeout, UnsupportedMediaType, ValidationFailed
 from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, SETTINGS
 
@@ -156,33 +157,38 @@ def validation_detail(exc: pydantic.ValidationError, where: str) -> str:
 class _Handler:
     """The aiohttp handler for one endpoint: authenticates, reads the inputs, renders."""
 
-    __slots__ = ("access", "body_adapter", "endpoint", "fn", "takes")
+    __slots__ = ("access", "body_adapter", "endpoint", "fn", "params")
 
     def __init__(self, endpoint: Endpoint, fn: Callable[..., Awaitable[Any]]) -> None:
         self.endpoint = endpoint
         self.access = endpoint.access
         self.fn = fn
-        self.takes = frozenset(inspect.signature(fn).parameters)
+        takes = frozenset(inspect.signature(fn).parameters)
+        # The path parameters the function takes: (name, a UUID?, what to call it in errors),
+        # worked out once rather than on every request.
+        self.params = tuple(
+            (name, kind is uuid.UUID, name.removesuffix("_id").replace("_", " "))
+            for name, kind in endpoint.path_params
+            if name in takes
+        )
         self.body_adapter = (
             pydantic.TypeAdapter(endpoint.body) if endpoint.body is not None else None
         )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         endpoint = self.endpoint
-        if endpoint.access.authenticated:
+        access = self.access
+        if access.authenticated:
             authenticator = request.app[AUTHENTICATOR]
-            request[PRINCIPAL] = await authenticator.authenticate(request, endpoint.access)
+            principal = authenticator.cached(request, access)
+            if principal is MISSING:
+                principal = await authenticator.authenticate(request, access)
+            request[PRINCIPAL] = principal
         else:
-            refuse_api_key(request, endpoint.access)
+            refuse_api_key(request, access)
         kwargs: dict[str, Any] = {}
-        for name, kind in endpoint.path_params:
-            if name not in self.takes:
-                continue
-            if kind is uuid.UUID:
-                what = name.removesuffix("_id").replace("_", " ")
-                kwargs[name] = path_uuid(request, name, what)
-            else:
-                kwargs[name] = path_text(request, name)
+        for name, is_uuid, what in self.params:
+            kwargs[name] = path_uuid(request, name, what) if is_uuid else path_text(request, name)
         if self.body_adapter is not None:
             kwargs["body"] = await read_body(request, self.body_adapter)
         if endpoint.query is not None:

@@ -29,8 +29,6 @@ from tests.upstreams import (
 )
 
 PLAYGROUND = "mcp-gateway-playground"
-# A database of its own on the local Redis, so other tests' keys never meet ours.
-REDIS_URL = "redis://127.0.0.1:6379/11"
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -43,6 +41,22 @@ async def listening(api: Api) -> None:
     while not tool_lists.enabled:
         assert time.monotonic() < deadline, "the cache listener never connected"
         await asyncio.sleep(0.02)
+
+
+class _Ear:
+    """Registered on an app's Caches after its own caches: hears what they have just handled."""
+
+    enabled = False
+
+    def clear(self) -> None:
+        pass
+
+
+def hearing(api: Api, table: str) -> list[str]:
+    """The keys of `table`'s invalidations, as `api`'s process handles them from now on."""
+    heard: list[str] = []
+    api.app[CACHES].register(_Ear(), {table: heard.append})
+    return heard
 
 
 async def setup(api: Api, url: str) -> tuple[Account, str]:
@@ -160,10 +174,11 @@ async def test_the_list_is_cached_until_the_cache_is_dropped(api: Api, sdk_json_
 
 
 async def test_with_redis_processes_share_the_list_and_its_drop(
-    make_api: AppFactory, sdk_json_url: str
+    make_api: AppFactory, sdk_json_url: str, redis_url: str
 ) -> None:
-    a, b = await make_api(redis_url=REDIS_URL), await make_api(redis_url=REDIS_URL)
+    a, b = await make_api(redis_url=redis_url), await make_api(redis_url=redis_url)
     owner, server_id = await setup(a, sdk_json_url)
+    heard = hearing(a, "tool_list")
     try:
         fetched = (await tools(a, server_id, owner)).body
         assert fetched["cached"] is False
@@ -174,6 +189,11 @@ async def test_with_redis_processes_share_the_list_and_its_drop(
         await drop(b, server_id, owner)
         # No NOTIFY needed: the entry is gone from Redis for everyone at once.
         assert (await tools(a, server_id, owner)).body["cached"] is False
+        # The NOTIFY comes a moment later (long moments under load). A fetch of A's still under
+        # way then may have begun before the drop, so it is not stored: once A has heard it,
+        # its next fetch is shared again.
+        await until(lambda: len(heard) == 1)
+        await tools(a, server_id, owner)
         assert (await tools(b, server_id, owner)).body["cached"] is True
     finally:
         await a.app[SHARED_CACHE].delete(f"tool_list:{server_id}")
@@ -195,6 +215,42 @@ async def test_a_drop_in_one_process_reaches_the_memory_of_another(
         assert time.monotonic() < deadline, "process A kept serving the dropped list"
         await asyncio.sleep(0.02)
     assert (await tools(a, server_id, owner)).body["cached"] is True
+
+
+async def test_a_drop_heard_mid_fetch_stops_it_storing_unless_this_process_dropped(
+    make_api: AppFactory,
+) -> None:
+    """PostgreSQL hands a drop's NOTIFY to the listeners a moment after the drop, long moments
+    under load, maybe while a fetch is under way. Elsewhere that fetch may have begun before the
+    drop, so it is not stored; the process that dropped forgot at once, so a fetch it began
+    since is as fresh as can be, and stored."""
+    a, b = await make_api(), await make_api()
+    async with gated_upstream() as (fake, gate, held):
+        owner, server_id = await setup(a, fake.url)
+        await listening(b)
+        heard = hearing(a, "tool_list")
+
+        await drop(a, server_id, owner)
+        await until(lambda: len(heard) == 1)  # A hears its own drop back...
+        pending = asyncio.create_task(tools(a, server_id, owner))
+        await until(lambda: len(held) == 1)
+        a.app[CACHES].invalidate(f"tool_list:{heard[0]}")  # ...as late as it may: mid-fetch
+        gate.set()
+        assert (await pending).body["cached"] is False
+        assert (await tools(a, server_id, owner)).body["cached"] is True
+
+        gate.clear()
+        heard.clear()
+        await drop(b, server_id, owner)
+        await until(lambda: len(heard) == 1)
+        pending = asyncio.create_task(tools(a, server_id, owner))
+        await until(lambda: len(held) == 2)
+        await drop(b, server_id, owner)
+        await until(lambda: len(heard) == 2)  # A hears B's drop mid-fetch
+        gate.set()
+        assert (await pending).body["cached"] is False
+        assert (await tools(a, server_id, owner)).body["cached"] is False  # not stored
+        assert (await tools(a, server_id, owner)).body["cached"] is True
 
 
 async def test_nothing_is_served_from_memory_while_invalidations_cannot_be_heard(
