@@ -204,4 +204,6 @@ def create_app(settings: Settings) -> web.Application:
         [_database, _call_log, metrics_api.metrics_context, _http_client, _shared_cache]
     )
     app.cleanup_ctx.append(_background_tasks)
+    # After the cleanup contexts' own start (aiohttp runs them first), which make its parts.
+    app.on_startup.append(proxy.Proxying.setup)
     return app

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gateway.calllog import CallLog
     from gateway.mailer import Mailer
     from gateway.metrics import Metrics
+    from gateway.proxy import Proxying
     from gateway.ratelimit import AuthRateLimiter
     from gateway.readiness import DatabaseCheck
     from gateway.security.secretbox import SecretBox
@@ -54,3 +55,5 @@ ERROR_PAGE: web.AppKey[
 DATABASE_CHECK: web.AppKey[DatabaseCheck] = web.AppKey("database_check")
 # What this process counts, for /metrics (the hot paths hold their instruments directly).
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
+# What the proxy uses on every request (set once the cleanup contexts have run).
+PROXYING: web.AppKey[Proxying] = web.AppKey("proxying")

@@ -14,6 +14,7 @@ import functools
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -26,9 +27,9 @@ from gateway import cors
 from gateway.api.routing import Routes, read_bytes
 from gateway.auth import PRINCIPAL, USE, Access
 from gateway.caches import MISSING
-from gateway.calllog import ToolCall, clean_text, new_call_id
+from gateway.calllog import CallLog, ToolCall, clean_text, new_call_id
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, PayloadTooLarge
-from gateway.keys import CALL_LOG, HTTP, METRICS, SETTINGS, UPSTREAMS
+from gateway.keys import CALL_LOG, HTTP, METRICS, PROXYING, SETTINGS, UPSTREAMS
 from gateway.mcp.tool_calls import (
     CALLER_CANCELLED,
     ReplyReader,
@@ -38,7 +39,7 @@ from gateway.mcp.tool_calls import (
 )
 from gateway.metrics import Metrics, observe
 from gateway.outbound import RefusedAddress
-from gateway.upstreams import Upstream
+from gateway.upstreams import Upstream, Upstreams
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,32 @@ class _Outcome:
         self.reader: ReplyReader | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Proxying:
+    """What the proxy uses on every request, in one place: one lookup per request instead of
+    one per item (aiohttp's app[key] is a Python call)."""
+
+    upstreams: Upstreams
+    http: aiohttp.ClientSession
+    call_log: CallLog
+    metrics: Metrics
+    max_body_bytes: int
+    timeout_seconds: float
+
+    @classmethod
+    async def setup(cls, app: web.Application) -> None:
+        """on_startup, once the cleanup contexts have made what it refers to."""
+        settings = app[SETTINGS]
+        app[PROXYING] = cls(
+            app[UPSTREAMS],
+            app[HTTP],
+            app[CALL_LOG],
+            app[METRICS],
+            settings.max_body_bytes,
+            settings.proxy_timeout_seconds,
+        )
+
+
 class _CallerLeft(Exception):
     """Writing to the caller failed: it hung up. Not an OSError, so never taken for the
     upstream's failure (aiohttp's ClientConnectionResetError is both)."""
@@ -240,24 +267,23 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     GATEWAY_PROXY_TIMEOUT_SECONDS 504 (a stream that keeps sending is never cut; one silent for
     that long is)."""
     started = time.perf_counter()
-    app = request.app
+    proxying = request.app[PROXYING]
     workspace_id = request[PRINCIPAL].workspace_id
-    upstreams = app[UPSTREAMS]
+    upstreams = proxying.upstreams
     upstream = upstreams.peek(server_id, workspace_id)  # no coroutine on a cache hit
     if upstream is MISSING:
         upstream = await upstreams.get(server_id, workspace_id)
     if upstream is None:
         raise NotFound("server not found")
-    settings = app[SETTINGS]
     body = b""
     if request.body_exists:
-        if (request.content_length or 0) > settings.max_body_bytes:
-            raise PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes")
+        if (request.content_length or 0) > proxying.max_body_bytes:
+            raise PayloadTooLarge(f"request body over {proxying.max_body_bytes} bytes")
         # Complete already (most): read without read_bytes()'s timer and extra coroutine.
         body = await (request.read() if request.content.is_eof() else read_bytes(request))
     outcome = _Outcome(tool_calls_in(body) if body else [])
     try:
-        return await _exchange(request, upstream, body, outcome)
+        return await _exchange(request, proxying, upstream, body, outcome)
     except asyncio.CancelledError:
         # aiohttp cancels the handler when the caller hangs up (handler_cancellation), and
         # when the gateway shuts down, which leaves the caller's connection open until then.
@@ -269,8 +295,8 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
         raise
     finally:
         if outcome.calls:
-            _record(request, upstream, outcome, started)
-        _count(app[METRICS], request.method, server_id, outcome, started)
+            _record(request, proxying.call_log, upstream, outcome, started)
+        _count(proxying.metrics, request.method, server_id, outcome, started)
 
 
 @functools.lru_cache(maxsize=256)  # aiohttp parses Content-Type afresh for every response
@@ -290,15 +316,14 @@ def _timeout(seconds: float, is_get: bool) -> aiohttp.ClientTimeout:
 
 
 async def _exchange(
-    request: web.Request, upstream: Upstream, body: bytes, outcome: _Outcome
+    request: web.Request, proxying: Proxying, upstream: Upstream, body: bytes, outcome: _Outcome
 ) -> web.StreamResponse:
-    app = request.app
-    timeout_seconds = app[SETTINGS].proxy_timeout_seconds
+    timeout_seconds = proxying.timeout_seconds
     is_get = request.method == "GET"
     headers = upstream_headers(request.headers, upstream.auth_headers)
     outcome.forwarded_at = time.perf_counter()
     try:
-        reply = await app[HTTP].request(
+        reply = await proxying.http.request(
             request.method,
             upstream.url,
             data=body or None,
@@ -520,7 +545,9 @@ def _verdict(call: ToolCallSeen, outcome: _Outcome) -> str | None:
     return _NO_RESPONSE
 
 
-def _record(request: web.Request, upstream: Upstream, outcome: _Outcome, started: float) -> None:
+def _record(
+    request: web.Request, call_log: CallLog, upstream: Upstream, outcome: _Outcome, started: float
+) -> None:
     reader = outcome.reader
     answered_at = None if reader is None else reader.answered_at
     duration_ms = round(((answered_at or time.perf_counter()) - started) * 1000)
@@ -528,7 +555,6 @@ def _record(request: web.Request, upstream: Upstream, outcome: _Outcome, started
     if caller is not None:
         caller = clean_text(caller)[:_MAX_CALLER_AGENT]
     created_at = datetime.now(UTC)
-    call_log = request.app[CALL_LOG]
     for call in outcome.calls:
         error = _verdict(call, outcome)
         call_log.add(
