@@ -80,8 +80,10 @@ def sample_memory(root: int, rows: list[tuple[float, int, float]], stop: threadi
 def locust_totals(final_json: Path) -> dict[str, tuple[int, int]]:
     """name -> (requests, failures) from locust's final stats (its CSV is written every second,
     so it may miss the last one)."""
-    entries = json.loads(final_json.read_text())
-    totals = {e["name"]: (e["num_requests"], e["num_failures"]) for e in entries}
+    totals: dict[str, tuple[int, int]] = {}
+    for entry in json.loads(final_json.read_text()):  # a name may come with two methods
+        requests, failures = totals.get(entry["name"], (0, 0))
+        totals[entry["name"]] = (requests + entry["num_requests"], failures + entry["num_failures"])
     totals["Aggregated"] = (sum(r for r, _ in totals.values()), sum(f for _, f in totals.values()))
     return totals
 
@@ -148,7 +150,9 @@ def main() -> None:
     for extra in ("_stats_history.csv", "_exceptions.csv"):
         Path(f"{prefix}{extra}").unlink(missing_ok=True)
 
-    totals = locust_totals(Path(f"{prefix}_final.json"))
+    final = Path(f"{prefix}_final.json")
+    totals = locust_totals(final)
+    final.unlink()  # response-time histograms: the CSV summary is what is kept
     requests, failures = totals.get("Aggregated", (0, 0))
     proxied = totals.get("proxy tools/call", (0, 0))
     ingested = totals.get(f"ingest x{INGEST_ROWS}", (0, 0))
