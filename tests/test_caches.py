@@ -147,8 +147,16 @@ async def test_a_key_revoked_in_one_process_is_refused_by_another(make_api: AppF
     await listening(a)
     owner = await b.org(await b.signup())
     key = await b.api_key(owner)
-    await a.get("/auth/me", auth=key, expect=403)  # known to A (refused there: not a key route)
-    assert len(a.app[AUTHENTICATOR].keys) == 1  # and cached, so only a NOTIFY can change it
+    # Known to A (refused there: not a key route) and cached, so only a NOTIFY can change it.
+    # The NOTIFY of the key's creation may reach A during its first lookup, which then is not
+    # cached (it may predate the change): ask again until it is.
+    deadline = time.monotonic() + 5
+    while True:
+        await a.get("/auth/me", auth=key, expect=403)
+        if len(a.app[AUTHENTICATOR].keys) == 1:
+            break
+        assert time.monotonic() < deadline, "process A never cached the key"
+        await asyncio.sleep(0.02)
 
     keys = await b.get(f"/workspaces/{owner.workspace_id}/api-keys", auth=owner, expect=200)
     await b.delete(
@@ -167,11 +175,17 @@ async def test_membership_changes_in_one_process_apply_in_another(make_api: AppF
     member = await b.member(owner, "member")
     ws = f"/workspaces/{owner.workspace_id}"
     # A caches each role. (These endpoints trust the role check alone, with no membership
-    # join of their own, so a stale cache entry would let the request through.)
-    await a.get(f"{ws}/members", auth=member, expect=200)
-    await a.post(f"{ws}/api-keys", json={"name": "k"}, auth=admin, expect=201)
+    # join of their own, so a stale cache entry would let the request through.) As for keys,
+    # a late NOTIFY of the memberships' creation keeps a first lookup from being cached.
     roles = a.app[AUTHENTICATOR].roles
-    assert len(roles) >= 2
+    deadline = time.monotonic() + 5
+    while True:
+        await a.get(f"{ws}/members", auth=member, expect=200)
+        await a.get(f"{ws}/api-keys", auth=admin, expect=200)
+        if len(roles) >= 2:
+            break
+        assert time.monotonic() < deadline, "process A never cached the roles"
+        await asyncio.sleep(0.02)
 
     # Removed in B: refused in A.
     await b.delete(f"{ws}/members/{member.user_id}", auth=owner, expect=204)
