@@ -198,7 +198,9 @@ async def bulk_load(conn: asyncpg.Connection, chunks: AsyncIterator[bytes]) -> t
     copied = time.monotonic()
     await conn.execute("SET maintenance_work_mem = '512MB'")
     for index in indexes:
-        await conn.execute(index["indexdef"])
+        # A partitioned table's index reads "ON ONLY tool_calls": that would make the parent's
+        # index alone, none on the partitions.
+        await conn.execute(index["indexdef"].replace(" ON ONLY ", " ON ", 1))
     await conn.execute("ANALYZE tool_calls")
     return copied - started, time.monotonic() - copied
 
