@@ -18,7 +18,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -36,7 +35,7 @@ from gateway.config import Settings
 from gateway.db.schema import apply_schema
 from tests.contract import ContractChecker
 from tests.support import Api
-from tests.upstreams import free_port, sdk_server
+from tests.upstreams import free_port, running, sdk_server
 
 TEST_FERNET_KEY = Fernet.generate_key().decode()
 
@@ -86,18 +85,8 @@ def private_redis(binary: str, directory: Path) -> Iterator[str]:
     port = free_port()
     args = [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory)]
     args += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            _wait_for_redis(proc, port, log)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+    with running(args, lambda proc, log: _wait_for_redis(proc, port, log)):
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def _wait_for_redis(proc: subprocess.Popen[bytes], port: int, log: Any) -> None:

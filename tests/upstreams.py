@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,12 +58,22 @@ def sdk_server(
     args += ["--json"] if json_response else []
     args += ["--priming"] if priming else []
     args += ["--page-size", str(page_size)] if page_size else []
+    with running(args, lambda proc, log: _wait_for_port(proc, port, log)):
+        path = "/sse" if transport == "sse" else "/mcp"
+        yield f"http://127.0.0.1:{port}{path}"
+
+
+@contextlib.contextmanager
+def running(
+    args: list[str], ready: Callable[[subprocess.Popen[bytes], Any], None]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process (its output kept in a temporary file, for `ready` to show when it
+    fails to start) until the block ends; stopped by its PID, killed if it lingers."""
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_for_port(proc, port, log)
-            path = "/sse" if transport == "sse" else "/mcp"
-            yield f"http://127.0.0.1:{port}{path}"
+            ready(proc, log)
+            yield proc
         finally:
             proc.terminate()
             try:
