@@ -201,9 +201,15 @@ def create_app(settings: Settings) -> web.Application:
     setup_dashboard(app)
     setup_readiness(app)
     app.cleanup_ctx.extend(
-        [_database, _call_log, metrics_api.metrics_context, _http_client, _shared_cache]
+        [
+            _database,
+            _call_log,
+            metrics_api.metrics_context,
+            _http_client,
+            _shared_cache,
+            _background_tasks,
+        ]
     )
-    app.cleanup_ctx.append(_background_tasks)
     # After the cleanup contexts' own start (aiohttp runs them first), which make its parts.
     app.on_startup.append(proxy.Proxying.setup)
     return app

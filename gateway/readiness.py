@@ -95,6 +95,42 @@ async def readyz(request: web.Request) -> web.Response:
     return _json(200, {"status": "ready"})
 
 
+def _described(name: str, summary: str, ok: dict[str, Any], failure: int | None) -> dict[str, Any]:
+    responses: dict[str, Any] = {
+        "200": {"description": "OK", "content": {"application/json": {"schema": ok}}}
+    }
+    if failure is not None:
+        error = {"$ref": "#/components/schemas/Error"}
+        responses[str(failure)] = {
+            "description": "Service Unavailable: what is not ready",
+            "content": {"application/json": {"schema": error}},
+        }
+    get = {"tags": ["health"], "summary": summary, "operationId": f"get_{name}"}
+    return {"get": {**get, "security": [], "responses": responses}}
+
+
+def _status(value: str, **more: Any) -> dict[str, Any]:
+    properties = {"status": {"const": value}, **more}
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+# For the OpenAPI document (gateway/api/openapi.py): these routes live outside /api/v1.
+OPENAPI_PATHS = {
+    "/healthz": _described(
+        "healthz",
+        "Liveness: the process answers (never touches the database)",
+        _status("alive", worker={"type": "integer", "minimum": 0}),
+        None,
+    ),
+    "/readyz": _described(
+        "readyz",
+        "Readiness: PostgreSQL answers within 2 s, the schema is current, the call log has room",
+        _status("ready"),
+        503,
+    ),
+}
+
+
 def setup_readiness(app: web.Application) -> None:
     app[DATABASE_CHECK] = DatabaseCheck(app)
     app.router.add_get("/healthz", healthz)

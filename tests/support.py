@@ -52,6 +52,10 @@ class Account:
 Credential = Account | str | None  # an account (JWT), a raw API key, or anonymous
 
 
+# Routes of the app outside /api/v1 that tests name by their bare path.
+OUTSIDE_THE_API = ("/healthz", "/readyz")
+
+
 class Api:
     def __init__(self, client: TestClient[web.Request, web.Application]) -> None:
         self.client = client
@@ -76,7 +80,8 @@ class Api:
             all_headers.update(auth.headers)
         elif isinstance(auth, str):
             all_headers["X-API-Key"] = auth
-        url = path if path.startswith("/api/") or not path.startswith("/") else f"/api/v1{path}"
+        inside = path.startswith("/") and not path.startswith(("/api/", *OUTSIDE_THE_API))
+        url = f"/api/v1{path}" if inside else path
         async with self.client.request(
             method, url, json=json, data=data, headers=all_headers, params=params
         ) as response:

@@ -15,6 +15,7 @@ from gateway.api.models import NUL_FREE, DocumentSchema
 from gateway.api.routing import API_PREFIX, Endpoint, Routes, json_response
 from gateway.auth import PUBLIC
 from gateway.keys import OPENAPI_DOCUMENT
+from gateway.readiness import OPENAPI_PATHS
 
 _REF = "#/components/schemas/{model}"
 _UUID_SCHEMA = {"type": "string", "format": "uuid"}
@@ -140,6 +141,7 @@ def build_document(endpoints: Iterable[Endpoint], version: str) -> dict[str, Any
         paths.setdefault(API_PREFIX + endpoint.path, {})[endpoint.method.lower()] = _operation(
             endpoint, components
         )
+    paths.update(OPENAPI_PATHS)
     return {
         "openapi": "3.1.0",
         "info": {

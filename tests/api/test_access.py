@@ -224,6 +224,9 @@ ROWS: dict[tuple[str, str], Row] = {
     ("GET", "/openapi.json"): R((200, 200, 200, 200, 200, 200)),
     ("GET", "/docs"): R((200, 200, 200, 200, 200, 200)),
     ("GET", "/metrics"): R((200, 200, 200, 200, 200, 200)),
+    # Outside /api/v1, for load balancers: open to anyone.
+    ("GET", "/healthz"): R((200, 200, 200, 200, 200, 200)),
+    ("GET", "/readyz"): R((200, 200, 200, 200, 200, 200)),
     ("POST", "/auth/signup"): R((201, 403, 201, 201, 201, 201), body=signup_body),
     ("POST", "/auth/login"): R((200, 403, 200, 200, 200, 200), body=login_body),
     ("POST", "/auth/refresh"): R((200, 403, 200, 200, 200, 200), body=refresh_body),
