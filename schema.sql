@@ -31,6 +31,9 @@ CREATE TABLE users (
     name           text NOT NULL,
     password_hash  text NOT NULL,
     created_at     timestamptz NOT NULL DEFAULT now(),
+    -- Set once the user has shown control of the address (a link the gateway emailed, or an
+    -- invitation's emailed token); until then no pending invitation's token is shown to them.
+    email_verified_at  timestamptz,
     CONSTRAINT users_email_key UNIQUE (email)
 );
 
@@ -418,6 +421,9 @@ CREATE INDEX alert_events_retention_idx ON alert_events (created_at);
 CREATE TABLE alert_deliveries (
     id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     event_id         uuid NOT NULL REFERENCES alert_events (id) ON DELETE CASCADE,
+    -- The notifier shares its sending slots between workspaces (one tenant's dead webhooks
+    -- cannot delay another's alerts).
+    workspace_id     uuid NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
     -- Copies of the event's, so keeping one incident's notifications in order is one index range.
     rule_id          uuid NOT NULL,
     server_id        uuid NOT NULL,
@@ -438,6 +444,8 @@ CREATE INDEX alert_deliveries_due_idx
     ON alert_deliveries (next_attempt_at) WHERE status = 'pending';
 CREATE INDEX alert_deliveries_incident_idx
     ON alert_deliveries (rule_id, server_id, target, created_at) WHERE status = 'pending';
+CREATE INDEX alert_deliveries_workspace_due_idx
+    ON alert_deliveries (workspace_id, next_attempt_at) WHERE status = 'pending';
 
 -- Every attempt to send a notification, so a user can see why one did not arrive.
 CREATE TABLE alert_delivery_attempts (
@@ -463,4 +471,4 @@ CREATE INDEX rate_limit_hits_key_idx ON rate_limit_hits (key, at);
 -- The retention loop's sweep of keys nobody tried again.
 CREATE INDEX rate_limit_hits_expiry_idx ON rate_limit_hits (expires_at);
 
-INSERT INTO schema_version (version) VALUES (6);
+INSERT INTO schema_version (version) VALUES (7);

@@ -89,6 +89,25 @@ class Settings:
     metrics_dir: Path | None = None
     # Label the proxy's request counter with server ids (fine for tens of servers, not more).
     metrics_per_server: bool = False
+    # What one workspace may create or hold open (gateway/quotas in docs/SECURITY.md): so that
+    # with open signup, where everyone owns a workspace, no tenant can exhaust the others.
+    max_servers_per_workspace: int = 500
+    max_alert_rules_per_workspace: int = 500
+    max_api_keys_per_workspace: int = 100
+    max_pending_invites_per_workspace: int = 200
+    # Invitation emails a workspace may send per hour (each is an email to a stranger).
+    invites_per_hour: int = 50
+    # Proxied requests of one workspace in flight at once in one process (every stream is one).
+    max_streams_per_workspace: int = 1000
+    max_workspaces_per_user: int = 50
+    # How long checking arguments against an upstream's inputSchema may take before the check
+    # is given up (the call goes on unchecked, and the answer says so).
+    schema_check_seconds: float = 1.0
+    # Background probes (and alert notifications) one workspace may have in flight at once in
+    # one process: its dead servers (or webhooks) cannot take every slot from the others.
+    probes_per_workspace: int = 5
+    notifier_concurrency: int = 20
+    notifications_per_workspace: int = 4
 
     @property
     def outbound(self) -> OutboundPolicy:
@@ -252,6 +271,20 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
     "GATEWAY_WORKERS": ("workers", _workers),
     "GATEWAY_METRICS_PER_SERVER": ("metrics_per_server", _flag),
+    "GATEWAY_MAX_SERVERS_PER_WORKSPACE": ("max_servers_per_workspace", _positive_int),
+    "GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE": ("max_alert_rules_per_workspace", _positive_int),
+    "GATEWAY_MAX_API_KEYS_PER_WORKSPACE": ("max_api_keys_per_workspace", _positive_int),
+    "GATEWAY_MAX_PENDING_INVITES_PER_WORKSPACE": (
+        "max_pending_invites_per_workspace",
+        _positive_int,
+    ),
+    "GATEWAY_INVITES_PER_HOUR": ("invites_per_hour", _positive_int),
+    "GATEWAY_MAX_STREAMS_PER_WORKSPACE": ("max_streams_per_workspace", _positive_int),
+    "GATEWAY_MAX_WORKSPACES_PER_USER": ("max_workspaces_per_user", _positive_int),
+    "GATEWAY_SCHEMA_CHECK_SECONDS": ("schema_check_seconds", _positive_float),
+    "GATEWAY_PROBES_PER_WORKSPACE": ("probes_per_workspace", _positive_int),
+    "GATEWAY_NOTIFIER_CONCURRENCY": ("notifier_concurrency", _positive_int),
+    "GATEWAY_NOTIFICATIONS_PER_WORKSPACE": ("notifications_per_workspace", _positive_int),
 }
 
 ENV_VARIABLES = tuple(_VARIABLES)

@@ -113,8 +113,8 @@ RETURNING id, fired_at, resolved_at
 """
 
 _QUEUE = """
-INSERT INTO alert_deliveries (event_id, rule_id, server_id, target, url, payload)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO alert_deliveries (event_id, workspace_id, rule_id, server_id, target, url, payload)
+SELECT e.id, e.workspace_id, $2, $3, $4, $5, $6 FROM alert_events e WHERE e.id = $1
 """
 
 

@@ -196,10 +196,10 @@ async def test_rollups_and_alert_events_go_in_batches(api: Api, db: asyncpg.Conn
         )  # fmt: skip
         if delivery is not None:
             delivery_id = await db.fetchval(
-                "INSERT INTO alert_deliveries (event_id, rule_id, server_id, target, url, "
-                "payload, status) VALUES ($1, $2, $3, 'webhook', 'http://x.test', '{}', $4) "
-                "RETURNING id",
-                event_id, rule_id, server_id, delivery,
+                "INSERT INTO alert_deliveries (event_id, workspace_id, rule_id, server_id, "
+                "target, url, payload, status) "
+                "VALUES ($1, $2, $3, $4, 'webhook', 'http://x.test', '{}', $5) RETURNING id",
+                event_id, workspace_id, rule_id, server_id, delivery,
             )  # fmt: skip
             await db.execute(
                 "INSERT INTO alert_delivery_attempts (delivery_id, attempt, attempted_at, "
