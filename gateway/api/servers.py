@@ -6,6 +6,7 @@ import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import pydantic
 from aiohttp import web
@@ -19,6 +20,7 @@ from gateway.api.models import (
     DocumentSchema,
     HttpUrl,
     Name,
+    Offset,
     Out,
     Query,
     any_case,
@@ -28,7 +30,12 @@ from gateway.api.routing import Routes, validation_detail
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import servers as servers_db
 from gateway.errors import NotFound, ValidationFailed
-from gateway.keys import POOL, SECRET_BOX, UPSTREAMS
+from gateway.keys import POOL, SECRET_BOX, SETTINGS, UPSTREAMS
+from gateway.security.credentials import (
+    REFUSED_HEADER_NAMES,
+    REFUSED_HEADER_PREFIXES,
+    refused_header_name,
+)
 from gateway.workers.prober import Prober
 
 routes = Routes("servers")
@@ -36,35 +43,29 @@ routes = Routes("servers")
 AuthType = Literal["bearer", "api_key", "basic"]
 ServerStatus = Literal["unknown", "healthy", "degraded", "down"]
 
-# Headers the gateway's MCP client sets itself; a stored credential cannot replace them.
-_RESERVED_HEADERS = frozenset(
-    {
-        "accept",
-        "accept-encoding",
-        "connection",
-        "content-length",
-        "content-type",
-        "host",
-        "last-event-id",
-        "mcp-method",
-        "mcp-name",
-        "mcp-protocol-version",
-        "mcp-session-id",
-        "transfer-encoding",
-    }
-)
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
-# The same rules, for the document.
-_RESERVED = "|".join(any_case(name) for name in sorted(_RESERVED_HEADERS))
-_HEADER_NAME_PATTERN = rf"^(?!(?:{_RESERVED})$){_HEADER_NAME.pattern}$"
+# The same rules, for the document: a token that is none of the refused names and starts with
+# none of the refused prefixes (gateway/security/credentials.py says why each is refused).
+_REFUSED = "|".join(any_case(name) for name in sorted(REFUSED_HEADER_NAMES))
+_REFUSED_PREFIXES = "|".join(any_case(prefix) for prefix in REFUSED_HEADER_PREFIXES)
+_HEADER_NAME_PATTERN = rf"^(?!(?:{_REFUSED})$)(?!(?:{_REFUSED_PREFIXES})){_HEADER_NAME.pattern}$"
+_REFUSED_REASON = (
+    "is not allowed as a credential header: hop-by-hop, framing and routing headers "
+    "(Connection, Upgrade, TE, Host, Content-*, Expect, ...), proxy and client-address headers "
+    "(Proxy-*, Forwarded, X-Forwarded-*, X-Real-IP, Via), Cookie, Set-Cookie, Origin, and "
+    "those the gateway sets itself (Accept, Accept-Encoding, Last-Event-ID, Mcp-*, "
+    "traceparent, tracestate, baggage) are refused"
+)
+# A GET /servers without `limit` answers every server up to this many.
+MAX_PAGE = 1000
 
 
 def _header_name(value: str) -> str:
     if not _HEADER_NAME.fullmatch(value):
         raise ValueError("must be a valid HTTP header name")
-    if value.lower() in _RESERVED_HEADERS:
-        raise ValueError(f"{value} is set by the gateway itself")
+    if refused_header_name(value):
+        raise ValueError(f"{value} {_REFUSED_REASON}")
     return value
 
 
@@ -177,7 +178,8 @@ class ServerIn(Body):
 class ServerPatch(Body):
     """Only supplied fields change. `auth_type: null` clears the credentials; a new auth_type
     needs `auth_credentials` of its shape; `auth_credentials` alone replaces those of the
-    current auth_type."""
+    current auth_type. A `url` on another origin clears the stored credentials (and
+    auth_type) unless `auth_credentials` come with it."""
 
     # The document describes the safe subset: credentials alone fit the stored auth_type,
     # which a schema cannot know.
@@ -192,6 +194,10 @@ class ServerPatch(Body):
 
 
 class ServerQuery(Query):
+    limit: Annotated[
+        int, Field(ge=1, le=MAX_PAGE, description=f"page size (default and max {MAX_PAGE})")
+    ] = MAX_PAGE
+    offset: Offset = 0
     status: ServerStatus | None = None
     tag: Annotated[str | None, Field(max_length=64, description="servers carrying this tag")] = None
     search: Annotated[
@@ -240,15 +246,27 @@ def _seal(request: web.Request, credentials: dict[str, Any] | None) -> bytes | N
     return None if credentials is None else request.app[SECRET_BOX].seal(credentials)
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) as a browser compares origins: scheme and host in lower case, the
+    default port (80, 443) written out."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port
+
+
 @routes.get("/servers", summary="Registered servers", access=READ, response=list[ServerOut])
 async def list_servers(request: web.Request, query: ServerQuery) -> list[dict[str, Any]]:
-    """Ordered by name. Filters combine (AND)."""
+    """Ordered by name. Filters combine (AND). Without `limit`, every server up to
+    1000; `limit` and `offset` page through them (still a plain array)."""
     return await servers_db.list_servers(
         request.app[POOL],
         request[PRINCIPAL].workspace_id,
         status=query.status,
         tag=query.tag,
         search=query.search,
+        limit=query.limit,
+        offset=query.offset,
     )
 
 
@@ -262,19 +280,30 @@ async def list_servers(request: web.Request, query: ServerQuery) -> list[dict[st
 )
 async def create_server(request: web.Request, body: ServerIn) -> dict[str, Any]:
     """The credentials are encrypted at rest and never returned (`has_credentials` shows
-    whether there are any). The first background probe follows within a few seconds."""
+    whether there are any). The first background probe follows within a few seconds.
+    A workspace holds at most GATEWAY_MAX_SERVERS_PER_WORKSPACE servers (default 500):
+    past that, 422."""
     refuse_literal_destination(request, "url", body.url)
     credentials = _credentials(body.auth_type, body.auth_credentials)
-    return await servers_db.create(
-        request.app[POOL],
-        request[PRINCIPAL].workspace_id,
-        name=body.name,
-        url=body.url,
-        description=body.description,
-        tags=body.tags,
-        auth_type=body.auth_type,
-        credentials=_seal(request, credentials),
-    )
+    limit = request.app[SETTINGS].max_servers_per_workspace
+    async with request.app[POOL].acquire() as conn:
+        try:
+            return await servers_db.create(
+                conn,
+                request[PRINCIPAL].workspace_id,
+                name=body.name,
+                url=body.url,
+                description=body.description,
+                tags=body.tags,
+                auth_type=body.auth_type,
+                credentials=_seal(request, credentials),
+                limit=limit,
+            )
+        except servers_db.TooMany:
+            raise ValidationFailed(
+                f"this workspace has {limit} servers, the most it may have "
+                "(GATEWAY_MAX_SERVERS_PER_WORKSPACE): delete one first"
+            ) from None
 
 
 @routes.get("/servers/{server_id}", summary="One server", access=READ, response=ServerOut)
@@ -297,19 +326,27 @@ async def update_server(
 ) -> dict[str, Any]:
     """Only supplied fields change. `auth_type: null` clears the credentials; changing
     `auth_type` needs `auth_credentials` of the new shape; `auth_credentials` alone replaces
-    those of the current auth_type. A new url or new credentials are probed within seconds."""
+    those of the current auth_type. A `url` on another origin (scheme, host or port) clears
+    the stored credentials and auth_type, unless the same PATCH supplies new credentials: they
+    were given for the old host only. A new url or new credentials are probed within seconds."""
     workspace_id = request[PRINCIPAL].workspace_id
     refuse_literal_destination(request, "url", body.url)
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        # Locked: the credentials' shape depends on the stored auth_type.
-        found, current_type = await servers_db.lock_auth_type(conn, workspace_id, server_id)
-        if not found:
+        # Locked: the credentials' shape depends on the stored auth_type, and whether they
+        # stay on the stored url.
+        current = await servers_db.lock(conn, workspace_id, server_id)
+        if current is None:
             raise NotFound("server not found")
-        new_type = body.auth_type if "auth_type" in body.model_fields_set else current_type
+        new_type = body.auth_type if "auth_type" in body.model_fields_set else current.auth_type
         # Re-sending the current auth_type without credentials (an edited copy of a GET) keeps
         # the stored ones.
-        set_auth = new_type != current_type or body.auth_credentials is not None
+        set_auth = new_type != current.auth_type or body.auth_credentials is not None
         credentials = _credentials(new_type, body.auth_credentials) if set_auth else None
+        moved = body.url is not None and _origin(body.url) != _origin(current.url)
+        if moved and body.auth_credentials is None:
+            # Nothing new was supplied for the new host, so nothing is sent to it. The table
+            # keeps auth_type and credentials both set or both null, so the type goes too.
+            set_auth, new_type, credentials = True, None, None
         changes = servers_db.ServerChanges(
             name=body.name,
             url=body.url,

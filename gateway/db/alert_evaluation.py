@@ -58,13 +58,22 @@ class Notification:
     payload: dict[str, Any]
 
 
+# Due rules in turns between workspaces (every workspace's most overdue rule, then every
+# workspace's second, ...), so a workspace with hundreds of rules is evaluated beside the others
+# rather than before them. SKIP LOCKED: another process takes the next ones in turn meanwhile.
 _CLAIM = """
-WITH due AS (
-    SELECT id FROM alert_rules
+WITH turns AS (
+    SELECT id, next_eval_at,
+           row_number() OVER (PARTITION BY workspace_id ORDER BY next_eval_at, id) AS turn
+    FROM alert_rules
     WHERE enabled AND next_eval_at <= now()
-    ORDER BY next_eval_at
+),
+due AS (
+    SELECT r.id FROM alert_rules AS r JOIN turns AS t ON t.id = r.id
+    WHERE r.enabled AND r.next_eval_at <= now()
+    ORDER BY t.turn, t.next_eval_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE alert_rules AS r SET next_eval_at = now() + make_interval(secs => $1)
 FROM due, workspaces AS w

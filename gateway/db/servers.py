@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,18 @@ class ServerChanges:
 
 
 @dataclass(frozen=True, slots=True)
+class LockedServer:
+    """What a PATCH decides on, read with the row locked until its transaction ends."""
+
+    url: str
+    auth_type: str | None
+
+
+class TooMany(Exception):
+    """The workspace holds as many servers as it may."""
+
+
+@dataclass(frozen=True, slots=True)
 class SealedCredentials:
     id: uuid.UUID
     credentials: bytes
@@ -54,6 +66,11 @@ _UPSTREAM = """
 SELECT id, workspace_id, name, url, auth_type, credentials FROM servers WHERE id = $1
 """
 
+# Held by the transaction that registers a server, so that servers registered at once count
+# each other (NO KEY: rows referring to the workspace are not held up).
+_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
+_COUNT = "SELECT count(*) FROM servers WHERE workspace_id = $1"
+
 _INSERT = f"""
 INSERT INTO servers (workspace_id, name, url, description, tags, auth_type, credentials)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -67,10 +84,11 @@ _LIST = f"SELECT {_COLUMNS} FROM servers WHERE workspace_id = $1"
 _LIST_STATUS = " AND status = ${n}"
 _LIST_TAG = " AND ${n} = ANY (tags)"
 _LIST_SEARCH = " AND (name ILIKE ${n} OR description ILIKE ${n} OR url ILIKE ${n})"
-_LIST_ORDER = " ORDER BY name"
+# Names are unique within a workspace; the id only keeps pages stable should that ever change.
+_LIST_PAGE = " ORDER BY name, id LIMIT ${limit} OFFSET ${offset}"
 
-_LOCK_AUTH_TYPE = """
-SELECT auth_type FROM servers WHERE id = $1 AND workspace_id = $2 FOR NO KEY UPDATE
+_LOCK = """
+SELECT url, auth_type FROM servers WHERE id = $1 AND workspace_id = $2 FOR NO KEY UPDATE
 """
 
 _UPDATE = f"""
@@ -92,18 +110,36 @@ RETURNING {_COLUMNS}
 # Health checks go with the server (ON DELETE CASCADE in schema.sql).
 _DELETE = "DELETE FROM servers WHERE id = $1 AND workspace_id = $2 RETURNING id"
 
-# Claiming pushes next_probe_at one interval (plus up to 10% jitter, so servers registered
-# together drift apart) into the future in the same statement that picks the rows; SKIP LOCKED
-# lets another gateway process claim other due servers meanwhile instead of waiting. NO KEY:
-# servers held by call log batches or a rollup rebuild (FOR KEY SHARE) are still claimed.
+# The servers whose probe is due, taken in turns between workspaces: every workspace's most
+# overdue server first, then every workspace's second, and so on, counting the probes a
+# workspace already has in flight in this process ($4, $5), and none past its share ($3). So a
+# workspace with a thousand dead servers delays nobody else's probes; its own wait their turn
+# and stay due. Claiming pushes next_probe_at one interval (plus up to 10% jitter, so servers
+# registered together drift apart) into the future in the same statement that picks the rows;
+# SKIP LOCKED lets another gateway process claim the next ones in turn meanwhile instead of
+# waiting (the lock is taken in that order, under the LIMIT). NO KEY: servers held by call log
+# batches or a rollup rebuild (FOR KEY SHARE) are still claimed.
 _CLAIM_DUE = """
-UPDATE servers s
+WITH in_flight AS (
+    SELECT * FROM unnest($4::uuid[], $5::int[]) AS f (workspace_id, probes)
+),
+turns AS (
+    SELECT s.id, s.next_probe_at,
+           coalesce(f.probes, 0)
+           + row_number() OVER (PARTITION BY s.workspace_id ORDER BY s.next_probe_at, s.id) AS turn
+    FROM servers AS s LEFT JOIN in_flight AS f ON f.workspace_id = s.workspace_id
+    WHERE s.next_probe_at <= now() AND coalesce(f.probes, 0) < $3
+),
+due AS (
+    SELECT s.id FROM servers AS s JOIN turns AS t ON t.id = s.id
+    WHERE t.turn <= $3 AND s.next_probe_at <= now()
+    ORDER BY t.turn, t.next_probe_at
+    LIMIT $1
+    FOR NO KEY UPDATE OF s SKIP LOCKED
+)
+UPDATE servers AS s
 SET next_probe_at = now() + make_interval(secs => $2::float8 * (1 + 0.1 * random()))
-FROM (
-    SELECT id FROM servers WHERE next_probe_at <= now()
-    ORDER BY next_probe_at LIMIT $1
-    FOR NO KEY UPDATE SKIP LOCKED
-) due
+FROM due
 WHERE s.id = due.id
 RETURNING s.id, s.workspace_id, s.name, s.url, s.auth_type, s.credentials
 """
@@ -135,7 +171,7 @@ async def upstream(db: Executor, server_id: uuid.UUID) -> UpstreamRow | None:
 
 
 async def create(
-    db: Executor,
+    conn: Connection,
     workspace_id: uuid.UUID,
     *,
     name: str,
@@ -144,10 +180,16 @@ async def create(
     tags: list[str],
     auth_type: str | None,
     credentials: bytes | None,
+    limit: int,
 ) -> dict[str, Any]:
-    row = await db.fetchrow(
-        _INSERT, workspace_id, name, url, description, tags, auth_type, credentials
-    )
+    """A new server, unless the workspace already holds `limit` of them (TooMany)."""
+    async with conn.transaction():
+        await conn.execute(_LOCK_WORKSPACE, workspace_id)
+        if await conn.fetchval(_COUNT, workspace_id) >= limit:
+            raise TooMany
+        row = await conn.fetchrow(
+            _INSERT, workspace_id, name, url, description, tags, auth_type, credentials
+        )
     assert row is not None
     return dict(row)
 
@@ -164,7 +206,10 @@ async def list_servers(
     status: str | None = None,
     tag: str | None = None,
     search: str | None = None,
+    limit: int,
+    offset: int = 0,
 ) -> list[dict[str, Any]]:
+    """One page, ordered by name (then id)."""
     sql = _LIST
     args: list[Any] = [workspace_id]
     for fragment, value in (
@@ -175,15 +220,18 @@ async def list_servers(
         if value is not None:
             args.append(value)
             sql += fragment.format(n=len(args))
-    return [dict(r) for r in await db.fetch(sql + _LIST_ORDER, *args)]
+    args += [limit, offset]
+    sql += _LIST_PAGE.format(limit=len(args) - 1, offset=len(args))
+    return [dict(r) for r in await db.fetch(sql, *args)]
 
 
-async def lock_auth_type(
+async def lock(
     conn: Connection, workspace_id: uuid.UUID, server_id: uuid.UUID
-) -> tuple[bool, str | None]:
-    """(found, auth_type), with the row locked until the transaction ends."""
-    row = await conn.fetchrow(_LOCK_AUTH_TYPE, server_id, workspace_id)
-    return (False, None) if row is None else (True, row["auth_type"])
+) -> LockedServer | None:
+    """The server's url and auth_type, its row locked until the transaction ends; None if the
+    workspace has no such server."""
+    row = await conn.fetchrow(_LOCK, server_id, workspace_id)
+    return None if row is None else LockedServer(row["url"], row["auth_type"])
 
 
 async def update(
@@ -208,9 +256,21 @@ async def delete(db: Executor, workspace_id: uuid.UUID, server_id: uuid.UUID) ->
     return await db.fetchval(_DELETE, server_id, workspace_id) is not None
 
 
-async def claim_due(db: Executor, limit: int, interval_seconds: float) -> list[UpstreamRow]:
-    """Servers whose probe is due, now rescheduled one interval ahead (for every process)."""
-    rows = await db.fetch(_CLAIM_DUE, limit, interval_seconds)
+async def claim_due(
+    db: Executor,
+    limit: int,
+    interval_seconds: float,
+    *,
+    per_workspace: int,
+    in_flight: Mapping[uuid.UUID, int] | None = None,
+) -> list[UpstreamRow]:
+    """Up to `limit` servers whose probe is due, taken in turns between workspaces, none of a
+    workspace past `per_workspace` counting its probes `in_flight` in this process; they are
+    rescheduled one interval ahead (for every process)."""
+    busy = dict(in_flight or {})
+    rows = await db.fetch(
+        _CLAIM_DUE, limit, interval_seconds, per_workspace, list(busy), list(busy.values())
+    )
     return [UpstreamRow(**dict(r)) for r in rows]
 
 

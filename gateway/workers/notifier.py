@@ -5,6 +5,12 @@ loop, so a slow or failing receiver never holds up evaluation, and a notificatio
 when the process stops is sent by whichever process runs next. Each attempt is recorded (status
 code or error) for GET /alerts/events/{id}/deliveries. Delivery is at least once: a process
 that dies between sending and recording leaves the row to be sent again after its lease.
+
+Sending is a pipeline: up to `concurrency` sends in flight, a new one claimed as soon as a slot
+frees up, never waiting for the slow ones. The slots are shared in turns between workspaces,
+at most `per_workspace` of one workspace's in flight and `per_host` of those to one destination
+host, so a tenant's receivers that never answer (each send bounded by the timeout) hold only
+their own share, and one dead host only part of a workspace's.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import asyncpg
@@ -24,14 +32,12 @@ import orjson
 
 from gateway.config import Settings
 from gateway.db import alert_deliveries as deliveries_db
-from gateway.db.alert_deliveries import Attempt, DueDelivery
+from gateway.db.alert_deliveries import Attempt, DueDelivery, Shares
 from gateway.db.alert_evaluation import DueRule, Notification
 from gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-# Deliveries sent concurrently per round; also the claim size.
-BATCH = 20
 # A backstop for deliveries queued by other processes (this process's evaluator wakes the loop).
 POLL_SECONDS = 5.0
 MIN_SLEEP_SECONDS = 0.02
@@ -47,14 +53,28 @@ class DeliveryPolicy:
     # The wait after the first failure; it doubles after each further one, up to max_backoff.
     backoff_seconds: float = 15.0
     max_backoff_seconds: float = 3600.0
+    # Sends in flight at once in one process: in all, of one workspace, and of one destination
+    # host of a workspace (half the workspace's share, rounded up: a dead host leaves the rest
+    # to the workspace's other receivers).
+    concurrency: int = 20
+    per_workspace: int = 4
+    per_host: int = 2
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:
+        per_workspace = settings.notifications_per_workspace
         return cls(
             timeout_seconds=settings.alert_webhook_timeout_seconds,
             max_attempts=settings.alert_webhook_max_attempts,
             backoff_seconds=settings.alert_webhook_backoff_seconds,
+            concurrency=settings.notifier_concurrency,
+            per_workspace=per_workspace,
+            per_host=(per_workspace + 1) // 2,
         )
+
+    @property
+    def shares(self) -> Shares:
+        return Shares(self.concurrency, self.per_workspace, self.per_host)
 
     @property
     def lease_seconds(self) -> float:
@@ -225,26 +245,96 @@ async def _deliver(
         metrics.notifications.inc("retry" if status == "pending" else status)
 
 
+_Key = TypeVar("_Key")
+
+
+class _Sends:
+    """The sends this process has in flight, counted per workspace and per destination."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        http: aiohttp.ClientSession,
+        policy: DeliveryPolicy,
+        metrics: Metrics | None,
+    ) -> None:
+        self.pool = pool
+        self.http = http
+        self.policy = policy
+        self.metrics = metrics
+        self.running: dict[asyncio.Task[None], DueDelivery] = {}
+        self.by_workspace: Counter[uuid.UUID] = Counter()
+        self.by_host: Counter[tuple[uuid.UUID, str]] = Counter()
+
+    @property
+    def free(self) -> int:
+        return self.policy.concurrency - len(self.running)
+
+    async def claim(self) -> int:
+        """Start sending what is due, as far as the free slots and the shares allow."""
+        if self.free <= 0:
+            return 0
+        due = await deliveries_db.claim_due(
+            self.pool,
+            self.policy.lease_seconds,
+            self.free,
+            self.policy.shares,
+            self.by_workspace,
+            self.by_host,
+        )
+        for delivery in due:
+            task = asyncio.create_task(
+                _deliver(self.pool, self.http, self.policy, delivery, self.metrics)
+            )
+            self.running[task] = delivery
+            self.by_workspace[delivery.workspace_id] += 1
+            self.by_host[delivery.workspace_id, delivery.host] += 1
+        return len(due)
+
+    def finish(self, done: Iterable[asyncio.Task[Any]]) -> None:
+        """Free the slots of sends that ended."""
+        for task in done:
+            delivery = self.running.pop(task)
+            _uncount(self.by_workspace, delivery.workspace_id)
+            _uncount(self.by_host, (delivery.workspace_id, delivery.host))
+            if not task.cancelled() and (error := task.exception()) is not None:
+                # Unrecorded: the lease runs out and the delivery is tried again.
+                log.error("alert notification %s: %s", delivery.id, error, exc_info=error)
+
+    async def cancel(self) -> None:
+        for task in self.running:
+            task.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+        self.running.clear()
+        self.by_workspace.clear()
+        self.by_host.clear()
+
+
+def _uncount(counter: Counter[_Key], key: _Key) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
+
+
 async def deliver_due(
     pool: asyncpg.Pool,
     http: aiohttp.ClientSession,
     policy: DeliveryPolicy,
     metrics: Metrics | None = None,
 ) -> int:
-    """Send every delivery that is due now; returns how many attempts were made."""
+    """Send every delivery that is due now (a new one claimed whenever a send ends, within the
+    shares); returns how many attempts were made."""
+    sends = _Sends(pool, http, policy, metrics)
     attempted = 0
-    while True:
-        due = await deliveries_db.claim_due(pool, policy.lease_seconds, BATCH)
-        if not due:
-            return attempted
-        results = await asyncio.gather(
-            *(_deliver(pool, http, policy, d, metrics) for d in due), return_exceptions=True
-        )
-        for delivery, result in zip(due, results, strict=True):
-            if isinstance(result, Exception):
-                # Unrecorded: the lease runs out and the delivery is tried again.
-                log.error("alert notification %s: %s", delivery.id, result, exc_info=result)
-        attempted += len(due)
+    try:
+        while True:
+            attempted += await sends.claim()
+            if not sends.running:
+                return attempted
+            done, _ = await asyncio.wait(sends.running, return_when=asyncio.FIRST_COMPLETED)
+            sends.finish(done)
+    finally:
+        await sends.cancel()
 
 
 async def run_notifier(
@@ -254,20 +344,34 @@ async def run_notifier(
     wakeup: asyncio.Event,
     metrics: Metrics | None = None,
 ) -> None:
-    """Runs until cancelled: sends what is due, then sleeps until the next retry is due, the
-    evaluator queues something (wakeup), or POLL_SECONDS pass."""
-    while True:
-        delay = POLL_SECONDS
-        try:
-            await deliver_due(pool, http, policy, metrics)
-            seconds = await deliveries_db.seconds_to_next(pool)
-            if seconds is not None:
-                # The floor: a row due now is held by another process's claim for a moment.
-                delay = min(max(seconds, MIN_SLEEP_SECONDS), POLL_SECONDS)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            log.warning("alert notifier: database unavailable, will retry: %s", exc)
-        except Exception:
-            log.exception("alert notifier round failed")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wakeup.wait(), delay)
-        wakeup.clear()
+    """Runs until cancelled: claims what is due into the free slots, then waits until a send
+    ends, the evaluator queues something (wakeup), the next retry comes due, or POLL_SECONDS
+    pass, whichever is first."""
+    sends = _Sends(pool, http, policy, metrics)
+    woken = asyncio.create_task(wakeup.wait())
+    try:
+        while True:
+            delay = POLL_SECONDS
+            wakeup.clear()
+            try:
+                await sends.claim()
+                if sends.free > 0:
+                    # What is due now and was not claimed waits for a share, which a send that
+                    # ends frees: sleep until the next row comes due.
+                    seconds = await deliveries_db.seconds_to_next(pool)
+                    if seconds is not None:
+                        delay = min(max(seconds, MIN_SLEEP_SECONDS), POLL_SECONDS)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("alert notifier: database unavailable, will retry: %s", exc)
+            except Exception:
+                log.exception("alert notifier round failed")
+            if woken.done():
+                woken = asyncio.create_task(wakeup.wait())
+            waits: set[asyncio.Task[Any]] = {woken, *sends.running}
+            done, _ = await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            sends.finish([task for task in done if task in sends.running])
+    finally:
+        woken.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await woken
+        await sends.cancel()

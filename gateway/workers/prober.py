@@ -1,11 +1,14 @@
-"""The background prober: claim due servers, probe a bounded number at a time, store the checks."""
+"""The background prober: claim due servers in turns between workspaces, probe a bounded number
+at a time (and a bounded number of each workspace's), store the checks."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,8 @@ class Prober:
     timeout: float
     degraded_ms: float
     concurrency: int
+    # Background probes of one workspace in flight at once in this process.
+    per_workspace: int = 5
     metrics: Metrics | None = None
 
     @classmethod
@@ -49,6 +54,7 @@ class Prober:
             timeout=settings.probe_timeout_seconds,
             degraded_ms=settings.degraded_latency_ms,
             concurrency=settings.probe_concurrency,
+            per_workspace=settings.probes_per_workspace,
             metrics=app[METRICS],
         )
 
@@ -65,34 +71,69 @@ class Prober:
         return await health_checks_db.record(self.pool, server_id, result)
 
     async def run_round(self) -> int:
-        """Probe every server that is due now, at most `concurrency` at once; returns how many.
+        """Probe every server that is due now (as far as the workspaces' shares allow, which
+        count while their probes run), at most `concurrency` at once; returns how many.
 
         Servers are claimed as slots free up rather than all at once, so with several gateway
         processes each takes a share, and every server is claimed by exactly one of them.
         """
-        in_flight: set[asyncio.Task[None]] = set()
+        slots = _Slots(self.concurrency)
         claimed = 0
-        more = True
-        # Claiming waits for a quarter of the slots to be free: fewer, larger claims.
-        refill_at = max(1, self.concurrency // 4)
         try:
-            while more or in_flight:
-                free = self.concurrency - len(in_flight)
-                if more and (free >= refill_at or not in_flight):
-                    batch = await servers_db.claim_due(self.pool, free, self.interval)
-                    more = len(batch) == free
-                    claimed += len(batch)
-                    for row in batch:
-                        in_flight.add(asyncio.create_task(self._probe_claimed(row)))
-                if in_flight:
-                    _, in_flight = await asyncio.wait(
-                        in_flight, return_when=asyncio.FIRST_COMPLETED
-                    )
+            while True:
+                if slots.free >= self._refill_at or not slots.running:
+                    claimed += await self._claim(slots)
+                if not slots.running:
+                    return claimed
+                await slots.wait(None)
         finally:
-            for task in in_flight:
-                task.cancel()
-            await asyncio.gather(*in_flight, return_exceptions=True)
-        return claimed
+            await slots.cancel()
+
+    async def run_forever(self) -> None:
+        """Runs until cancelled: a pipeline that claims due servers whenever slots are free,
+        without waiting for the probes already running, so a workspace's hanging probes (each
+        bounded by the probe timeout) hold only that workspace's share of the slots."""
+        # Due times are spread by jitter, so look often; a look is one indexed query.
+        tick = min(1.0, self.interval / 4)
+        slots = _Slots(self.concurrency)
+        last_look = -tick
+        try:
+            while True:
+                now = time.monotonic()
+                # A finished probe frees a workspace's turn: look again at once unless most
+                # slots are still taken (then on the tick, so claims stay few and large).
+                if slots.free and (slots.free >= self._refill_at or now - last_look >= tick):
+                    last_look = now
+                    try:
+                        claimed = await self._claim(slots)
+                        if claimed:
+                            log.debug("claimed %d servers to probe", claimed)
+                    except _DATABASE_ERRORS as exc:
+                        log.warning("prober cannot reach the database: %s", exc)
+                    except Exception:
+                        log.exception("claiming servers to probe failed")
+                # With every slot taken only a finished probe can change anything.
+                next_look = max(0.0, last_look + tick - time.monotonic())
+                await slots.wait(next_look if slots.free else None)
+        finally:
+            await slots.cancel()
+
+    @property
+    def _refill_at(self) -> int:
+        # Claiming waits for a quarter of the slots to be free: fewer, larger claims.
+        return max(1, self.concurrency // 4)
+
+    async def _claim(self, slots: _Slots) -> int:
+        batch = await servers_db.claim_due(
+            self.pool,
+            slots.free,
+            self.interval,
+            per_workspace=self.per_workspace,
+            in_flight=slots.by_workspace,
+        )
+        for row in batch:
+            slots.start(row.workspace_id, self._probe_claimed(row))
+        return len(batch)
 
     async def _probe_claimed(self, row: servers_db.UpstreamRow) -> None:
         # Failures stay with this server: the round and the other probes go on.
@@ -115,16 +156,41 @@ class Prober:
         except Exception:
             log.exception("probing server %s failed", row.id, extra={"server_id": str(row.id)})
 
-    async def run_forever(self) -> None:
-        # Due times are spread by jitter, so look often; a look is one indexed query.
-        tick = min(1.0, self.interval / 4)
-        while True:
-            try:
-                probed = await self.run_round()
-                if probed:
-                    log.debug("probed %d servers", probed)
-            except _DATABASE_ERRORS as exc:
-                log.warning("prober cannot reach the database: %s", exc)
-            except Exception:
-                log.exception("probe round failed")
-            await asyncio.sleep(tick)
+
+class _Slots:
+    """The probes this process has in flight, and how many of them are each workspace's."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.running: dict[asyncio.Task[None], uuid.UUID] = {}
+        self.by_workspace: Counter[uuid.UUID] = Counter()
+
+    @property
+    def free(self) -> int:
+        return self.size - len(self.running)
+
+    def start(self, workspace_id: uuid.UUID, probe: Coroutine[Any, Any, None]) -> None:
+        self.running[asyncio.create_task(probe)] = workspace_id
+        self.by_workspace[workspace_id] += 1
+
+    async def wait(self, timeout: float | None) -> None:  # noqa: ASYNC109 -- a wait, not a bound
+        """Until a probe ends (or `timeout` passes), then frees the slots of those that ended."""
+        if not self.running:
+            if timeout is not None:
+                await asyncio.sleep(timeout)
+            return
+        done, _ = await asyncio.wait(
+            self.running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in done:
+            workspace_id = self.running.pop(task)
+            self.by_workspace[workspace_id] -= 1
+            if not self.by_workspace[workspace_id]:
+                del self.by_workspace[workspace_id]
+
+    async def cancel(self) -> None:
+        for task in self.running:
+            task.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+        self.running.clear()
+        self.by_workspace.clear()

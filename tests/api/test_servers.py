@@ -1,10 +1,13 @@
-"""/servers: registry CRUD, validation, filters, credentials, roles and tenancy, probes."""
+"""/servers: registry CRUD, validation, filters, paging, credentials (and where they may go),
+the per-workspace bound, roles and tenancy, probes."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -12,10 +15,13 @@ import asyncpg
 import orjson
 import pytest
 
-from gateway.keys import HTTP
+from gateway.keys import HTTP, OPENAPI_DOCUMENT
 from gateway.mcp.client import McpClient
+from gateway.workers.prober import Prober
+from tests.conftest import AppFactory
 from tests.support import Account, Api
-from tests.upstreams import SDK_TOOL_NAMES, fake_upstream, unused_url
+from tests.test_proxy import add_server
+from tests.upstreams import SDK_TOOL_NAMES, FakeUpstream, fake_upstream, unused_url
 
 _names = itertools.count(1)
 
@@ -516,3 +522,353 @@ async def test_url_change_is_probed_soon(api: Api, db: asyncpg.Connection) -> No
     assert await db.fetchval(due, server["id"]) is False
     await api.patch(path, json={"url": "http://elsewhere.test/mcp"}, auth=admin, expect=200)
     assert await db.fetchval(due, server["id"]) is True
+
+
+# -- credentials stay with the origin they were given for ----------------------------------------
+
+
+def _sent(fake: FakeUpstream, secret: str) -> list[str]:
+    """Every header (name: value) that reached the fake and carries `secret` or any
+    Authorization at all."""
+    return [
+        f"{name}: {value}"
+        for request in fake.requests
+        for name, value in request.headers.items()
+        if secret in value or name.lower() == "authorization"
+    ]
+
+
+async def _through_the_proxy(api: Api, key: str, server_id: str) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    await api.post(
+        f"/proxy/{server_id}/mcp",
+        json=initialize,
+        auth=key,
+        headers={"Accept": "application/json, text/event-stream"},
+        expect=200,
+    )
+
+
+async def test_a_url_on_another_origin_drops_the_stored_credentials(api: Api) -> None:
+    """PATCHing only the url to another host must not hand the token to that host: not
+    through an on-demand probe, the background prober, nor the proxy."""
+    admin = await api.signup()
+    key = await api.api_key(admin)
+    secret = "s3cret-" + uuid.uuid4().hex
+    async with fake_upstream() as old, fake_upstream() as new:
+        server = await register(
+            api, admin, url=old.url, auth_type="bearer", auth_credentials={"token": secret}
+        )
+        await _through_the_proxy(api, key, server["id"])  # the proxy caches the upstream
+        assert old.requests[-1].headers["Authorization"] == f"Bearer {secret}"
+        path = f"/servers/{server['id']}"
+
+        moved = await api.patch(path, json={"url": new.url}, auth=admin, expect=200)
+        assert moved.body["url"] == new.url
+        assert (moved.body["auth_type"], moved.body["has_credentials"]) == (None, False)
+        after = (await api.get(path, auth=admin, expect=200)).body
+        assert (after["auth_type"], after["has_credentials"]) == (None, False)
+
+        await _through_the_proxy(api, key, server["id"])
+        assert (await probe(api, admin, server["id"]))["status"] == "healthy"
+        assert await Prober.from_app(api.app).run_round() == 1  # moved: due at once
+        assert {r.rpc_method for r in new.requests} >= {"initialize", "tools/list"}
+        assert _sent(new, secret) == []
+
+        # New credentials for the new host are kept and sent there.
+        await api.patch(
+            path,
+            json={"auth_type": "bearer", "auth_credentials": {"token": "for-the-new-host"}},
+            auth=admin,
+            expect=200,
+        )
+        new.requests.clear()
+        await probe(api, admin, server["id"])
+        assert {r.headers.get("Authorization") for r in new.requests} == {"Bearer for-the-new-host"}
+
+
+async def test_a_url_on_the_same_origin_keeps_the_stored_credentials(api: Api) -> None:
+    admin = await api.signup()
+    async with fake_upstream() as fake:
+        server = await register(
+            api, admin, url=fake.url, auth_type="bearer", auth_credentials={"token": "kept"}
+        )
+        path = f"/servers/{server['id']}"
+        # Another path and query, the scheme and host in other letter case: the same origin.
+        same = fake.url.replace("http://", "HTTP://").replace("/mcp", "/mcp?v=2")
+        reply = await api.patch(path, json={"url": same}, auth=admin, expect=200)
+        assert (reply.body["auth_type"], reply.body["has_credentials"]) == ("bearer", True)
+        await probe(api, admin, server["id"])
+    assert {r.headers.get("Authorization") for r in fake.requests} == {"Bearer kept"}
+
+    # The default port written out or left out is the same origin; another scheme, port or
+    # host is not (127.0.0.1 and localhost included: an origin is compared, not an address).
+    cases = [
+        ("https://mcp.example.com/mcp", "https://MCP.Example.com:443/v2", True),
+        ("http://mcp.example.com:80/mcp", "http://mcp.example.com/", True),
+        ("https://mcp.example.com/mcp", "http://mcp.example.com:443/mcp", False),
+        ("http://mcp.example.com/mcp", "http://mcp.example.com:8080/mcp", False),
+        ("http://mcp.example.com/mcp", "http://other.example.com/mcp", False),
+        ("http://127.0.0.1:8000/mcp", "http://localhost:8000/mcp", False),
+    ]
+    for before, after, kept in cases:
+        server = await register(
+            api,
+            admin,
+            url=before,
+            auth_type="api_key",
+            auth_credentials={"header_name": "X-Key", "header_value": "v"},
+        )
+        reply = await api.patch(f"/servers/{server['id']}", json={"url": after}, auth=admin)
+        assert reply.status == 200
+        assert reply.body["has_credentials"] is kept, (before, after)
+        assert reply.body["auth_type"] == ("api_key" if kept else None)
+        if not kept:
+            # Credentials alone need an auth_type to be of: after a move, give both.
+            reply = await api.patch(
+                f"/servers/{server['id']}", json={"auth_credentials": {"token": "t"}}, auth=admin
+            )
+            assert reply.status == 422 and reply.detail.startswith("body.auth_credentials:")
+
+
+async def test_a_url_with_new_credentials_keeps_the_new_ones(api: Api) -> None:
+    admin = await api.signup()
+    async with fake_upstream() as old, fake_upstream() as new:
+        server = await register(
+            api, admin, url=old.url, auth_type="bearer", auth_credentials={"token": "old"}
+        )
+        path = f"/servers/{server['id']}"
+        # Credentials alone are of the stored auth_type, now for the new url.
+        reply = await api.patch(
+            path, json={"url": new.url, "auth_credentials": {"token": "new"}}, auth=admin
+        )
+        assert (reply.status, reply.body["has_credentials"]) == (200, True)
+        await probe(api, admin, server["id"])
+        assert {r.headers.get("Authorization") for r in new.requests} == {"Bearer new"}
+        # ... and a new auth_type with its credentials, back on the old url.
+        reply = await api.patch(
+            path,
+            json={
+                "url": old.url,
+                "auth_type": "api_key",
+                "auth_credentials": {"header_name": "X-Upstream-Key", "header_value": "k"},
+            },
+            auth=admin,
+            expect=200,
+        )
+        assert (reply.body["auth_type"], reply.body["has_credentials"]) == ("api_key", True)
+        old.requests.clear()
+        await probe(api, admin, server["id"])
+    assert {r.headers.get("X-Upstream-Key") for r in old.requests} == {"k"}
+    assert {r.headers.get("Authorization") for r in old.requests} == {None}
+
+
+async def test_a_refused_move_changes_nothing(api: Api, db: asyncpg.Connection) -> None:
+    """A PATCH that is refused (a new auth_type without its credentials) leaves url and
+    credentials as they were."""
+    admin = await api.signup()
+    server = await register(
+        api,
+        admin,
+        url="https://a.example/mcp",
+        auth_type="bearer",
+        auth_credentials={"token": "t"},
+    )
+    await api.patch(
+        f"/servers/{server['id']}",
+        json={"url": "https://b.example/mcp", "auth_type": "basic"},
+        auth=admin,
+        expect=422,
+    )
+    row = await db.fetchrow("SELECT url, auth_type, credentials IS NOT NULL AS sealed FROM servers")
+    assert row is not None
+    assert tuple(row) == ("https://a.example/mcp", "bearer", True)
+
+
+# -- credential header names ---------------------------------------------------------------------
+
+_REFUSED_HEADER_NAMES = [
+    "Connection",
+    "keep-alive",
+    "Proxy-Authorization",
+    "Proxy-Authenticate",
+    "TE",
+    "Trailer",
+    "Transfer-Encoding",
+    "Upgrade",
+    "Cookie",
+    "set-cookie",
+    "Host",
+    "Forwarded",
+    "X-Forwarded-For",
+    "x-forwarded-host",
+    "X-Real-IP",
+    "Via",
+    "Expect",
+    "Origin",
+    "Content-Length",
+    "Content-Type",
+    "content-encoding",
+    "Mcp-Session-Id",
+    "MCP-Protocol-Version",
+    "Mcp-Method",
+    "Mcp-Param-Region",
+    "traceparent",
+    "TraceState",
+    "baggage",
+    "Accept",
+    "Accept-Encoding",
+    "Last-Event-ID",
+]
+_ALLOWED_HEADER_NAMES = ["X-Upstream-Key", "Authorization", "X-API-Key", "Api-Key", "X-Token"]
+
+
+def _header_name_pattern(api: Api) -> str:
+    schema = api.app[OPENAPI_DOCUMENT]["components"]["schemas"]["ServerIn"]
+    (shape,) = [s for s in schema["oneOf"] if "header_name" in str(s)]
+    pattern: str = shape["properties"]["auth_credentials"]["properties"]["header_name"]["pattern"]
+    return pattern
+
+
+async def test_hop_by_hop_and_sensitive_header_names_are_refused(api: Api) -> None:
+    """As a POST and as a PATCH, with 422 naming the field and the header, and the document's
+    pattern says the same."""
+    admin = await api.signup()
+    existing = await register(api, admin)
+    pattern = _header_name_pattern(api)
+    for name in _REFUSED_HEADER_NAMES:
+        credentials = {"header_name": name, "header_value": "v"}
+        body = {"name": "x", "url": "http://x.test/mcp", "auth_type": "api_key"}
+        reply = await api.post(
+            "/servers", json={**body, "auth_credentials": credentials}, auth=admin, expect=422
+        )
+        assert reply.detail.startswith("body.auth_credentials.header_name:"), reply.detail
+        assert f"{name} is not allowed as a credential header" in reply.detail
+        reply = await api.patch(
+            f"/servers/{existing['id']}",
+            json={"auth_type": "api_key", "auth_credentials": credentials},
+            auth=admin,
+            expect=422,
+        )
+        assert "header_name" in reply.detail
+        assert not re.search(pattern, name), name
+    for name in _ALLOWED_HEADER_NAMES:
+        assert re.search(pattern, name), name
+        server = await register(
+            api,
+            admin,
+            auth_type="api_key",
+            auth_credentials={"header_name": name, "header_value": "v"},
+        )
+        assert server["has_credentials"] is True
+    assert len((await api.get("/servers", auth=admin, expect=200)).body) == 6
+
+
+async def test_a_stored_credential_under_a_refused_name_is_not_sent(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """Stored before such names were refused: the gateway sends nothing rather than it."""
+    admin = await api.signup()
+    async with fake_upstream() as fake:
+        server_id = await add_server(
+            api, db, admin, fake.url, "api_key", {"header_name": "Cookie", "header_value": "x=1"}
+        )
+        await probe(api, admin, server_id)
+    assert fake.requests
+    assert all("Cookie" not in r.headers for r in fake.requests)
+
+
+# -- paging ---------------------------------------------------------------------------------------
+
+
+async def test_the_list_pages_with_limit_and_offset(api: Api) -> None:
+    admin = await api.signup()
+    for name in ("echo", "alpha", "delta", "bravo", "charlie"):
+        await register(api, admin, name=name, tags=["t"] if name != "echo" else [])
+
+    async def names(**params: Any) -> list[str]:
+        reply = await api.get("/servers", params=params, auth=admin, expect=200)
+        assert isinstance(reply.body, list)  # still a plain array
+        return [s["name"] for s in reply.body]
+
+    everything = ["alpha", "bravo", "charlie", "delta", "echo"]
+    assert await names() == everything
+    assert await names(limit=2) == everything[:2]
+    assert await names(limit=2, offset=2) == everything[2:4]
+    assert await names(limit=2, offset=4) == everything[4:]
+    assert await names(offset=5) == []
+    assert await names(limit=1000, offset=1) == everything[1:]
+    assert await names(tag="t", limit=2, offset=2) == ["charlie", "delta"]
+    for params, field in [
+        ({"limit": 0}, "query.limit"),
+        ({"limit": 1001}, "query.limit"),
+        ({"limit": "x"}, "query.limit"),
+        ({"offset": -1}, "query.offset"),
+    ]:
+        reply = await api.get("/servers", params=params, auth=admin, expect=422)
+        assert reply.detail.startswith(f"{field}:"), reply.detail
+
+
+async def test_without_a_limit_the_list_stops_at_a_thousand(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    admin = await api.signup()
+    await db.execute(
+        "INSERT INTO servers (workspace_id, name, url) "
+        "SELECT $1, 's' || lpad(i::text, 4, '0'), 'http://127.0.0.1:9/mcp' "
+        "FROM generate_series(1, 1001) AS i",
+        uuid.UUID(admin.workspace_id),
+    )
+    listed = (await api.get("/servers", auth=admin, expect=200)).body
+    assert len(listed) == 1000
+    assert (listed[0]["name"], listed[-1]["name"]) == ("s0001", "s1000")
+    rest = (await api.get("/servers", params={"offset": 1000}, auth=admin, expect=200)).body
+    assert [s["name"] for s in rest] == ["s1001"]
+
+
+# -- the per-workspace bound ----------------------------------------------------------------------
+
+
+async def test_a_workspace_holds_at_most_its_bound_of_servers(make_api: AppFactory) -> None:
+    api = await make_api(max_servers_per_workspace=3)
+    admin = await api.signup()
+    kept = [await register(api, admin) for _ in range(3)]
+    body = {"name": "one-too-many", "url": "http://x.test/mcp"}
+    reply = await api.post("/servers", json=body, auth=admin, expect=422)
+    assert reply.detail == (
+        "this workspace has 3 servers, the most it may have "
+        "(GATEWAY_MAX_SERVERS_PER_WORKSPACE): delete one first"
+    )
+    assert len((await api.get("/servers", auth=admin, expect=200)).body) == 3
+    # Another workspace has a bound of its own.
+    stranger = await api.signup()
+    await register(api, stranger)
+    # Deleting one makes room again.
+    await api.delete(f"/servers/{kept[0]['id']}", auth=admin, expect=204)
+    await api.post("/servers", json=body, auth=admin, expect=201)
+    await api.post("/servers", json={**body, "name": "again"}, auth=admin, expect=422)
+
+
+async def test_the_bound_holds_for_registrations_at_once(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    api = await make_api(max_servers_per_workspace=4)
+    admin = await api.signup()
+    await register(api, admin)
+    replies = await asyncio.gather(
+        *(
+            api.post("/servers", json={"name": f"rush-{i}", "url": "http://x.test/mcp"}, auth=admin)
+            for i in range(12)
+        )
+    )
+    assert sorted(r.status for r in replies) == [201] * 3 + [422] * 9
+    assert await db.fetchval("SELECT count(*) FROM servers") == 4

@@ -84,6 +84,56 @@ async def test_register_edit_and_delete_through_the_forms(
     assert await db.fetchval("SELECT count(*) FROM servers") == 0
 
 
+async def test_an_edit_that_moves_the_server_to_another_host_drops_its_credentials(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    """The form re-sends the auth_type with the token left empty: on the same origin that
+    keeps the credentials, on another one they are dropped (they were given for the old host)."""
+    owner, _ = await admin_and_member(api)
+    browser = await browser_for(owner)
+    await browser.get("/servers/new")
+    form = {"name": "w", "url": "https://weather.example/mcp", "auth_type": "bearer", "token": "t"}
+    server_id = (await browser.post("/servers/new", form, expect=200)).url.rsplit("/", 1)[1]
+
+    async def stored() -> tuple[str | None, bool]:
+        row = await db.fetchrow("SELECT auth_type, credentials IS NOT NULL AS sealed FROM servers")
+        assert row is not None
+        return row["auth_type"], row["sealed"]
+
+    await browser.get(f"/servers/{server_id}/edit")
+    same = {**form, "url": "https://weather.example/v2/mcp", "token": ""}
+    page = await browser.post(f"/servers/{server_id}/edit", same, expect=200)
+    assert page.has("bearer (credentials stored)")
+    assert await stored() == ("bearer", True)
+
+    await browser.get(f"/servers/{server_id}/edit")
+    moved = {**same, "url": "https://elsewhere.example/mcp"}
+    page = await browser.post(f"/servers/{server_id}/edit", moved, expect=200)
+    assert not page.has("credentials stored")
+    assert await stored() == (None, False)
+
+    # A token typed in with the move is kept.
+    await browser.get(f"/servers/{server_id}/edit")
+    back = {**moved, "url": "https://weather.example/mcp", "token": "for-weather"}
+    page = await browser.post(f"/servers/{server_id}/edit", back, expect=200)
+    assert page.has("bearer (credentials stored)")
+    assert await stored() == ("bearer", True)
+
+
+async def test_the_list_shows_every_server_up_to_a_thousand(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    owner, _ = await admin_and_member(api)
+    await db.execute(
+        "INSERT INTO servers (workspace_id, name, url) "
+        "SELECT $1, 'srv-' || lpad(i::text, 3, '0'), 'http://127.0.0.1:9/mcp' "
+        "FROM generate_series(1, 120) AS i",
+        uuid.UUID(owner.workspace_id),
+    )
+    page = await (await browser_for(owner)).get("/servers")
+    assert page.has("srv-001") and page.has("srv-120")
+
+
 async def test_bad_input_is_shown_next_to_its_field_and_changes_nothing(
     api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
 ) -> None:

@@ -1,4 +1,5 @@
-"""The alert evaluator: metrics over windows, the OK/FIRING state machine, several processes."""
+"""The alert evaluator: metrics over windows, the OK/FIRING state machine, turns between
+workspaces, several processes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from gateway.db import alert_evaluation as evaluation_db
 from gateway.histograms import bucket_value, latency_bucket
 from gateway.keys import POOL
 from gateway.workers.alert_evaluator import evaluate_due_rules, evaluate_rule, holds
@@ -336,3 +338,22 @@ async def test_loop_evaluates_on_its_interval(make_api: AppFactory) -> None:
     assert fired["event_type"] == "FIRING"
     await asyncio.sleep(0.5)  # more rounds: nothing new while the state holds
     assert len(await events(api, owner)) == 1
+
+
+async def test_rules_are_claimed_in_turns_between_workspaces(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """A workspace with many overdue rules does not push another's rule to the end of the
+    round: every workspace's first rule comes first, then every workspace's second, ..."""
+    crowd, single = await api.signup(), await api.signup()
+    for i in range(6):
+        await add_rule(api, crowd, name=f"crowd-{i}", metric="call_count")
+    # Overdue by an hour, in the order they were made.
+    await db.execute("UPDATE alert_rules SET next_eval_at = created_at - interval '1 hour'")
+    lone = await add_rule(api, single, name="lone", metric="call_count")
+    pool = api.app[POOL]
+    first = await evaluation_db.claim_due_rules(pool, 60.0, 2)
+    assert sorted(rule.name for rule in first) == ["crowd-0", "lone"]
+    rest = await evaluation_db.claim_due_rules(pool, 60.0, 50)
+    assert [rule.name for rule in rest] == [f"crowd-{i}" for i in range(1, 6)]
+    assert lone["id"] in {str(rule.id) for rule in first}

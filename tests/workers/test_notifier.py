@@ -1,13 +1,17 @@
-"""Alert notifications: payloads, the outbox, retries with backoff, and restarts."""
+"""Alert notifications: payloads, the outbox, retries with backoff, restarts, and the sending
+slots shared in turns between workspaces and their destinations."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from typing import Any
 
 import asyncpg
 
-from gateway.workers.notifier import DeliveryPolicy
+from gateway.keys import HTTP, METRICS, POOL
+from gateway.workers.notifier import DeliveryPolicy, deliver_due
 from tests.alerting import (
     FAST,
     Receiver,
@@ -20,6 +24,7 @@ from tests.alerting import (
     receiver,
 )
 from tests.api.conftest import cheap_password_hashing  # noqa: F401 -- autouse fixture
+from tests.black_hole import BlackHole, black_hole
 from tests.conftest import AppFactory
 from tests.support import Account, Api
 from tests.upstreams import unused_url
@@ -211,3 +216,140 @@ async def test_undelivered_notifications_survive_a_restart(make_api: AppFactory)
         assert len(recv.received) == 2  # each sent once
     [fired] = await events(after, owner)
     assert {d["status"] for d in await _deliveries(after, owner, fired["id"])} == {"delivered"}
+
+
+# -- sending slots shared in turns -----------------------------------------------------------------
+
+
+async def queue_directly(
+    api: Api, db: asyncpg.Connection, owner: Account, urls: list[str], count: int
+) -> None:
+    """`count` webhook deliveries of owner's workspace, due since a minute ago, spread over
+    `urls`, each its own incident stream (so none waits for another): what thousands of
+    incidents of a tenant's rules leave in the outbox."""
+    server = await add_server(api, owner, f"s-{uuid.uuid4().hex[:6]}")
+    rule = await add_rule(api, owner, metric="error_rate", threshold=0.5, enabled=False)
+    event_id = await db.fetchval(
+        "INSERT INTO alert_events (workspace_id, rule_id, server_id, event_type, metric_value, "
+        "fired_at) VALUES ($1, $2, $3, 'FIRING', 1, now()) RETURNING id",
+        uuid.UUID(owner.workspace_id),
+        uuid.UUID(rule["id"]),
+        uuid.UUID(server),
+    )
+    await db.execute(
+        "INSERT INTO alert_deliveries (event_id, workspace_id, rule_id, server_id, target, url, "
+        "payload, next_attempt_at, created_at) "
+        "SELECT $1, $2, $3, gen_random_uuid(), 'webhook', ($4::text[])[1 + i % cardinality($4)], "
+        "'{}'::jsonb, now() - interval '1 minute', now() - interval '1 minute' "
+        "FROM generate_series(0, $5 - 1) AS i",
+        event_id,
+        uuid.UUID(owner.workspace_id),
+        uuid.UUID(rule["id"]),
+        urls,
+        count,
+    )
+
+
+async def test_one_tenants_hanging_webhooks_leave_anothers_alert_on_time(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    """Issue 20, finding 5: 5,000 deliveries to webhooks that never answer leave another
+    tenant's FIRING and RESOLVED delivered within one evaluation interval plus a second, with
+    the evaluator and the notifier running as they do in production."""
+    interval = 1.0
+    api = await make_api(run_workers=True, alert_eval_interval_seconds=interval)
+    async with black_hole() as hole, black_hole() as other_hole, receiver() as recv:
+        attacker = await api.signup()
+        await queue_directly(api, db, attacker, [hole.url("/a"), other_hole.url("/b")], 5000)
+
+        owner = await api.signup()
+        server = await add_server(api, owner, "billing")
+        await ingest(api, owner, server, [{"status": "error"}])
+        started = time.monotonic()
+        await add_rule(
+            api, owner, metric="error_rate", operator=">", threshold=0.5,
+            webhook_url=recv.url("/hook"),
+        )  # fmt: skip
+        [firing] = await recv.wait_for("/hook", 1, within=interval + 1.0)
+        assert firing.at - started < interval + 1.0
+        assert firing.body["event"]["event_type"] == "FIRING"
+
+        await ingest(api, owner, server, [{"status": "success"}] * 3)
+        started = time.monotonic()
+        hooks = await recv.wait_for("/hook", 2, within=interval + 1.0)
+        assert hooks[1].at - started < interval + 1.0
+        assert hooks[1].body["event"]["event_type"] == "RESOLVED"
+
+        # The attacker's sends, each held for the 10 s timeout, took its workspace's share (4),
+        # half of it per destination host.
+        assert (len(hole.arrivals), len(other_hole.arrivals)) == (2, 2)
+    pending = "SELECT count(*) FROM alert_deliveries WHERE status = 'pending' AND workspace_id = $1"
+    assert await db.fetchval(pending, uuid.UUID(attacker.workspace_id)) == 5000
+
+
+async def test_sends_in_flight_are_bounded_per_workspace_and_per_destination(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """Shares of 3 per workspace and 2 per destination host of a workspace: a busy workspace's
+    two hosts together hold 3 slots, neither more than 2, and the quiet workspace's delivery
+    goes out at once beside them."""
+    hold = 0.3
+    async with receiver() as first, receiver() as second, receiver() as quiet:
+        for recv in (first, second, quiet):
+            recv.delay = hold
+        busy, other = await api.signup(), await api.signup()
+        await queue_directly(api, db, busy, [first.url("/hook"), second.url("/hook")], 12)
+        await queue_directly(api, db, other, [quiet.url("/hook")], 1)
+        policy = DeliveryPolicy(timeout_seconds=2.0, concurrency=20, per_workspace=3, per_host=2)
+        started = time.monotonic()
+        assert await deliver(api, policy) == 13
+    arrivals = {name: [r.at for r in recv.received] for name, recv in
+                (("first", first), ("second", second), ("quiet", quiet))}  # fmt: skip
+    overlap = hold - 0.05  # requests that arrived closer together than this were held together
+    assert BlackHole(arrivals=arrivals["first"]).most_within(overlap) == 2
+    assert BlackHole(arrivals=arrivals["second"]).most_within(overlap) == 2
+    both = arrivals["first"] + arrivals["second"]
+    assert BlackHole(arrivals=both).most_within(overlap) == 3
+    assert arrivals["quiet"][0] - started < hold
+    assert len(both) == 12 and len(set(r.headers["X-Alert-Delivery-Id"] for r in
+                                       first.received + second.received)) == 12  # fmt: skip
+
+
+async def test_a_hanging_send_does_not_hold_up_the_next_ones(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """Sending is a pipeline: while one send hangs until its timeout, the freed slot takes
+    the next deliveries, of the same workspace too (its other host)."""
+    timeout = 2.0
+    async with black_hole() as hole, receiver() as recv:
+        owner = await api.signup()
+        await queue_directly(api, db, owner, [hole.url("/dead")], 1)
+        await queue_directly(api, db, owner, [recv.url("/ok")], 6)
+        policy = DeliveryPolicy(
+            timeout_seconds=timeout, max_attempts=1, concurrency=2, per_workspace=2, per_host=1
+        )
+        sending = asyncio.create_task(deliver(api, policy))
+        await recv.wait_for("/ok", 6, within=timeout - 0.5)
+        assert not sending.done()  # the hanging one is still in flight
+        assert len(hole.arrivals) == 1
+        assert await sending == 7
+
+
+async def test_two_notifiers_send_each_delivery_once(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    first, second = await make_api(), await make_api()
+    async with receiver() as recv:
+        recv.delay = 0.02
+        for _ in range(3):
+            await queue_directly(first, db, await first.signup(), [recv.url("/hook")], 10)
+        policy = DeliveryPolicy(timeout_seconds=2.0, concurrency=4, per_workspace=2, per_host=2)
+        counts = await asyncio.gather(
+            *(
+                deliver_due(app.app[POOL], app.app[HTTP], policy, app.app[METRICS])
+                for app in (first, second)
+            )
+        )
+    assert sum(counts) == 30
+    ids = [r.headers["X-Alert-Delivery-Id"] for r in recv.received]
+    assert len(ids) == len(set(ids)) == 30

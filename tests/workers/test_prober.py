@@ -1,17 +1,23 @@
-"""The background prober: rounds, bounded concurrency, several processes, the loop itself."""
+"""The background prober: rounds, bounded concurrency, turns between workspaces, several
+processes, the loop itself."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 from aiohttp import web
 
+from gateway.db import servers as servers_db
+from gateway.keys import POOL
 from gateway.workers.prober import Prober
+from tests.black_hole import black_hole
 from tests.conftest import AppFactory
 from tests.support import Account, Api
 from tests.upstreams import FakeUpstream, fake_upstream, serve_loopback, unused_url
@@ -147,3 +153,87 @@ async def test_background_prober_marks_up_and_down(make_api: AppFactory, sdk_jso
     (latest,) = checks.body["items"]
     assert latest["status"] == "down"
     assert latest["error"].startswith("connection refused"), latest["error"]
+
+
+# -- turns between workspaces ----------------------------------------------------------------------
+
+
+async def add_servers(db: asyncpg.Connection, owner: Account, url: str, count: int) -> None:
+    """`count` servers of owner's workspace at `url`, all due (rows as POST /servers makes)."""
+    await db.execute(
+        "INSERT INTO servers (workspace_id, name, url) "
+        "SELECT $1, 'dead-' || i, $2 FROM generate_series(1, $3) AS i",
+        uuid.UUID(owner.workspace_id),
+        url,
+        count,
+    )
+
+
+async def test_claims_take_turns_between_workspaces(api: Api, db: asyncpg.Connection) -> None:
+    """Every workspace's most overdue server first, however many another has waiting, and none
+    of a workspace past its share counting what it has in flight."""
+    crowd, single = await api.signup(), await api.signup()
+    await add_servers(db, crowd, "http://127.0.0.1:9/mcp", 10)
+    await db.execute("UPDATE servers SET next_probe_at = now() - interval '1 hour'")
+    lone = await register(api, single, "http://127.0.0.1:9/mcp", "lone")
+    pool = api.app[POOL]
+
+    first = await servers_db.claim_due(pool, 2, 60.0, per_workspace=5)
+    assert sorted(str(row.workspace_id) for row in first) == sorted(
+        [crowd.workspace_id, single.workspace_id]
+    )
+    assert lone in {str(row.id) for row in first}
+    # The crowd's share is 5; with four in flight (the one claimed above among them): one more.
+    crowd_id = uuid.UUID(crowd.workspace_id)
+    more = await servers_db.claim_due(pool, 50, 60.0, per_workspace=5, in_flight={crowd_id: 4})
+    assert [row.workspace_id for row in more] == [crowd_id]
+    # At its share, nothing of it; its servers stay due for later.
+    assert (
+        await servers_db.claim_due(pool, 50, 60.0, per_workspace=5, in_flight={crowd_id: 5}) == []
+    )
+    assert await db.fetchval("SELECT count(*) FROM servers WHERE next_probe_at <= now()") == 8
+
+
+async def test_probes_in_flight_are_bounded_per_workspace(make_api: AppFactory) -> None:
+    api = await make_api(probe_concurrency=50, probes_per_workspace=2)
+    first, second = await api.signup(), await api.signup()
+    async with (
+        counting_upstream(delay=0.05) as (fake_a, peak_a),
+        counting_upstream(delay=0.05) as (fake_b, peak_b),
+    ):
+        for i in range(6):
+            await register(api, first, fake_a.url, f"a{i}")
+            await register(api, second, fake_b.url, f"b{i}")
+        assert await Prober.from_app(api.app).run_round() == 12
+    assert (peak_a[0], peak_b[0]) == (2, 2)
+    assert fake_a.rpc_methods().count("initialize") == 6
+
+
+async def test_a_thousand_dead_servers_do_not_delay_another_workspaces_probes(
+    make_api: AppFactory, db: asyncpg.Connection, sdk_json_url: str
+) -> None:
+    """Issue 20, finding 6: one workspace's 1,000 servers that never answer, the other's
+    server is still probed every interval (plus a little slack), round after round, and the
+    dead ones hold no more than their workspace's share of probes."""
+    interval, timeout = 1.0, 3.0
+    api = await make_api(
+        run_workers=True, probe_interval_seconds=interval, probe_timeout_seconds=timeout
+    )
+    attacker, victim = await api.signup(), await api.signup()
+    async with black_hole() as hole:
+        await add_servers(db, attacker, hole.url(), 1000)
+        server_id = await register(api, victim, sdk_json_url, "mine")
+        await asyncio.sleep(7.0)
+        checks = await db.fetch(
+            "SELECT status, checked_at FROM health_checks WHERE server_id = $1 ORDER BY checked_at",
+            uuid.UUID(server_id),
+        )
+        # Each probe of a dead server is held for the whole timeout, so those begun less than a
+        # timeout apart were in flight together: never more than GATEWAY_PROBES_PER_WORKSPACE.
+        assert hole.most_within(timeout - 0.2) == 5
+    assert len(checks) >= 5, checks
+    assert {c["status"] for c in checks} == {"healthy"}
+    # One interval plus its jitter (10%) and the loop's look (a quarter interval), and a second.
+    times = [c["checked_at"] for c in checks]
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(times)]
+    assert max(gaps) < interval * 1.1 + interval / 4 + 1.0, gaps
