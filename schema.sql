@@ -31,8 +31,9 @@ CREATE TABLE users (
     name           text NOT NULL,
     password_hash  text NOT NULL,
     created_at     timestamptz NOT NULL DEFAULT now(),
-    -- Set once the user has shown control of the address (a link the gateway emailed, or an
-    -- invitation's emailed token); until then no pending invitation's token is shown to them.
+    -- Set once the user has opened a verification link the gateway emailed to the address (an
+    -- invitation's token does not count: the inviter saw it too); until then no pending
+    -- invitation's token is shown to them.
     email_verified_at  timestamptz,
     CONSTRAINT users_email_key UNIQUE (email)
 );
@@ -89,6 +90,8 @@ CREATE TABLE refresh_tokens (
     revoked_at    timestamptz
 );
 CREATE INDEX refresh_tokens_family_idx ON refresh_tokens (family_id);
+-- A password change ends every session of its user.
+CREATE INDEX refresh_tokens_user_idx ON refresh_tokens (user_id) WHERE revoked_at IS NULL;
 
 -- Sign-ins of the dashboard: the browser holds the raw id in an HttpOnly cookie, only its hash
 -- is stored, so logging out (deleting the row) ends the session in every process at once.

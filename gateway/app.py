@@ -13,6 +13,7 @@ import asyncpg
 from aiohttp import web
 
 from gateway import proxy
+from gateway.accounts import VERIFICATION_EMAIL_RATE
 from gateway.api import alerts as alerts_api
 from gateway.api import analytics as analytics_api
 from gateway.api import auth as auth_api
@@ -36,6 +37,7 @@ from gateway.keys import (
     AUTHENTICATOR,
     CACHES,
     CALL_LOG,
+    EMAIL_RATE_LIMITER,
     ENDPOINTS,
     HTTP,
     MAILER,
@@ -43,17 +45,21 @@ from gateway.keys import (
     OPENAPI_DOCUMENT,
     POOL,
     RATE_LIMITER,
+    SCHEMA_CHECKER,
     SECRET_BOX,
     SETTINGS,
     SHARED_CACHE,
+    TOOL_LIST_MEMORY,
     TOOL_LISTS,
     UPSTREAMS,
 )
 from gateway.mailer import Mailer
+from gateway.mcp.client import ToolListMemory
 from gateway.metrics import Metrics
 from gateway.ratelimit import AuthRateLimiter
 from gateway.readiness import setup_readiness
 from gateway.security.secretbox import SecretBox
+from gateway.security.untrusted_schemas import SchemaChecker
 from gateway.shared_cache import create_shared_cache
 from gateway.tool_lists import ToolLists
 from gateway.upstreams import Upstreams
@@ -109,6 +115,9 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[POOL] = pool
     # Counts shared by every process: in PostgreSQL, or in Redis when there is one.
     app[RATE_LIMITER] = AuthRateLimiter.shared(settings.auth_rate_limit, pool, settings.redis_url)
+    app[EMAIL_RATE_LIMITER] = AuthRateLimiter.shared(
+        VERIFICATION_EMAIL_RATE, pool, settings.redis_url
+    )
     app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
     yield
@@ -157,6 +166,14 @@ async def _shared_cache(app: web.Application) -> AsyncIterator[None]:
     await cache.close()
 
 
+async def _schema_checker(app: web.Application) -> AsyncIterator[None]:
+    # Its worker processes start when first needed, and are killed (by PID) here.
+    checker = SchemaChecker(seconds=app[SETTINGS].schema_check_seconds)
+    app[SCHEMA_CHECKER] = checker
+    yield
+    await checker.close()
+
+
 async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     # Started last and stopped first, so they never outlive the pool or the HTTP client.
     settings = app[SETTINGS]
@@ -192,6 +209,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = Metrics(per_server=settings.metrics_per_server)
     app[CACHES] = Caches()
+    app[TOOL_LIST_MEMORY] = ToolListMemory()
     app[SECRET_BOX] = SecretBox(settings.secret_keys)
     app[MAILER] = Mailer(settings.smtp_url)
     endpoints = mount(app, API_MODULES)
@@ -207,6 +225,7 @@ def create_app(settings: Settings) -> web.Application:
             metrics_api.metrics_context,
             _http_client,
             _shared_cache,
+            _schema_checker,
             _background_tasks,
         ]
     )

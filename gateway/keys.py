@@ -18,11 +18,13 @@ if TYPE_CHECKING:
     from gateway.caches import Caches
     from gateway.calllog import CallLog
     from gateway.mailer import Mailer
+    from gateway.mcp.client import ToolListMemory
     from gateway.metrics import Metrics
     from gateway.proxy import Proxying
     from gateway.ratelimit import AuthRateLimiter
     from gateway.readiness import DatabaseCheck
     from gateway.security.secretbox import SecretBox
+    from gateway.security.untrusted_schemas import SchemaChecker
     from gateway.tool_lists import ToolLists
     from gateway.upstreams import Upstreams
 
@@ -33,6 +35,8 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 CACHES: web.AppKey[Caches] = web.AppKey("caches")
 AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
 RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("auth_rate_limiter")
+# Verification emails per address (gateway.accounts), shared by every process likewise.
+EMAIL_RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("email_rate_limiter")
 SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
 MAILER: web.AppKey[Mailer] = web.AppKey("mailer")
 UPSTREAMS: web.AppKey[Upstreams] = web.AppKey("upstreams")
@@ -42,6 +46,10 @@ CALL_LOG: web.AppKey[CallLog] = web.AppKey("call_log")
 SHARED_CACHE = web.AppKey("shared_cache", BaseCache)
 # The playground's upstream tool lists (kept in SHARED_CACHE).
 TOOL_LISTS: web.AppKey[ToolLists] = web.AppKey("tool_lists")
+# What this process holds of upstream tool lists at once (playground and probes alike).
+TOOL_LIST_MEMORY: web.AppKey[ToolListMemory] = web.AppKey("tool_list_memory")
+# The worker processes that check playground arguments against upstream JSON Schemas.
+SCHEMA_CHECKER: web.AppKey[SchemaChecker] = web.AppKey("schema_checker")
 ENDPOINTS: web.AppKey[list[Endpoint]] = web.AppKey("endpoints")
 # Each API handler function's endpoint: its access rules, for the dashboard's calls.
 ENDPOINT_OF: web.AppKey[dict[Callable[..., Any], Endpoint]] = web.AppKey("endpoint_of")

@@ -8,6 +8,11 @@ servers are not found at all. A DELETE of the cache drops the entry and broadcas
 own copy (in memory) and does not store a fetch that was under way. The origin names the process
 that dropped: it has forgotten already, and hearing its own drop later (PostgreSQL delivers it
 after a delay, a long one under load) must not void the fetch that followed the drop.
+
+Lists are read within the process's ToolListMemory, on behalf of the server's workspace (so a
+list over the MCP client's bounds is a 502), and a list stays in that memory as long as its
+ToolList lives. Entries keep the tools as JSON text, so a cached list too is parsed only once
+its memory is granted; requests for the same list at the same time share one read.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import hashlib
 import hmac
 import logging
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,8 +38,16 @@ from redis.exceptions import RedisError
 
 from gateway.caches import Caches
 from gateway.errors import BadGateway, GatewayTimeout, ServiceUnavailable
-from gateway.keys import CACHES, HTTP, POOL, SETTINGS, SHARED_CACHE
-from gateway.mcp.client import McpClient, McpError, McpTimeoutError
+from gateway.keys import CACHES, HTTP, POOL, SETTINGS, SHARED_CACHE, TOOL_LIST_MEMORY
+from gateway.mcp.client import (
+    McpClient,
+    McpError,
+    McpTimeoutError,
+    ToolListHold,
+    ToolListMemory,
+    ToolListTooLarge,
+    parsed_size,
+)
 from gateway.shared_cache import is_shared
 from gateway.upstreams import Upstream
 from gateway.workers.cache_listener import CHANNEL
@@ -42,10 +56,15 @@ log = logging.getLogger(__name__)
 
 # The NOTIFY "table" of a dropped tool list (payload `tool_list:<server id>`).
 TABLE = "tool_list"
+# Cache keys: `tool_list_json:<server id>` (in memory with a stamp after it). Entries hold the
+# tools as JSON text; older gateways keep them parsed under `tool_list:`, so during an upgrade
+# neither reads the other's entries.
+ENTRY = "tool_list_json"
 _CACHE_ERRORS = (OSError, TimeoutError, RedisError)
 
 
-@dataclass(frozen=True, slots=True)
+# weakref_slot: the list's memory is given back when the last request using it lets it go.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ToolList:
     # Descriptors {name, description, inputSchema}, in the upstream's order.
     tools: list[dict[str, Any]]
@@ -61,10 +80,19 @@ async def mcp_session(
     http: aiohttp.ClientSession,
     upstream: Upstream,
     timeout: float,  # noqa: ASYNC109 -- bounds the whole session, connect included
+    memory: ToolListMemory | None = None,
 ) -> AsyncIterator[McpClient]:
     """A connected client whose whole use (connect + block) must end within `timeout`;
-    the upstream session is ended afterwards, outside that bound."""
-    client = McpClient(http, upstream.url, upstream.auth_headers, timeout)
+    the upstream session is ended afterwards, outside that bound. Tool lists it reads are held
+    in `memory` for the server's workspace."""
+    client = McpClient(
+        http,
+        upstream.url,
+        upstream.auth_headers,
+        timeout,
+        memory=memory,
+        owner=upstream.workspace_id,
+    )
     try:
         try:
             async with asyncio.timeout(timeout):
@@ -86,6 +114,7 @@ class ToolLists:
         http: aiohttp.ClientSession,
         pool: asyncpg.Pool,
         caches: Caches,
+        memory: ToolListMemory,
         *,
         ttl: float,
         timeout: float,
@@ -94,6 +123,7 @@ class ToolLists:
         self._cache = cache
         self._http = http
         self._pool = pool
+        self.memory = memory
         self._ttl = ttl
         self._timeout = timeout
         # Keys the fingerprints, so Redis never holds a guessable digest of credentials.
@@ -109,6 +139,7 @@ class ToolLists:
         self._clears = 0
         self._epochs: dict[uuid.UUID, int] = {}
         self._fetches: dict[tuple[uuid.UUID, str], asyncio.Task[ToolList]] = {}
+        self._reads: dict[tuple[str, str], asyncio.Task[ToolList | None]] = {}
         self._deletes: set[asyncio.Task[None]] = set()
         # Names this process in the NOTIFY of its drops, so it knows them when they come back.
         self._origin = uuid.uuid4().hex
@@ -125,6 +156,7 @@ class ToolLists:
             app[HTTP],
             app[POOL],
             app[CACHES],
+            app[TOOL_LIST_MEMORY],
             ttl=settings.tools_cache_seconds,
             # The proxy's bound: the playground answers 504 where the proxy would.
             timeout=settings.proxy_timeout_seconds,
@@ -135,11 +167,17 @@ class ToolLists:
         """The cached list, else a fresh one (BadGateway / GatewayTimeout if that fails)."""
         fingerprint = self._fingerprint(upstream)
         if self._caching:
-            entry = await self._read(self._key(upstream.id, self._stamp(upstream.id)))
-            if entry is not None and entry.get("fingerprint") == fingerprint:
-                fetched_at = datetime.fromisoformat(entry["fetched_at"])
+            read = (self._key(upstream.id, self._stamp(upstream.id)), fingerprint)
+            reading = self._reads.get(read)
+            if reading is None:
+                reading = asyncio.create_task(self._load(*read, upstream.workspace_id))
+                self._reads[read] = reading
+                reading.add_done_callback(lambda done: self._read_landed(read, done))
+            # Shielded like a fetch: one waiter going away must not cancel the others' read.
+            cached = await asyncio.shield(reading)
+            if cached is not None:
                 self.hits += 1
-                return ToolList(entry["tools"], fetched_at, cached=True)
+                return cached
         self.misses += 1
         flight = (upstream.id, fingerprint)
         task = self._fetches.get(flight)
@@ -167,7 +205,7 @@ class ToolLists:
         self._epochs.clear()
 
     async def close(self) -> None:
-        tasks = [*self._fetches.values(), *self._deletes]
+        tasks = [*self._fetches.values(), *self._reads.values(), *self._deletes]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -178,24 +216,70 @@ class ToolLists:
 
     async def _fetch(self, upstream: Upstream, fingerprint: str) -> ToolList:
         stamp = self._stamp(upstream.id)
+        hold = self.memory.hold(upstream.workspace_id)
         try:
-            async with mcp_session(self._http, upstream, self._timeout) as client:
-                listed = await client.list_tools()
-        except McpTimeoutError as exc:
-            raise GatewayTimeout(f"cannot list the server's tools: {exc}") from None
-        except McpError as exc:
-            raise BadGateway(f"cannot list the server's tools: {exc}") from None
-        tools = [_descriptor(tool) for tool in listed if isinstance(tool.get("name"), str)]
-        fresh = ToolList(tools, datetime.now(UTC), cached=False)
+            try:
+                async with mcp_session(self._http, upstream, self._timeout) as client:
+                    listed = await client.list_tools(hold)
+            except McpTimeoutError as exc:
+                raise GatewayTimeout(f"cannot list the server's tools: {exc}") from None
+            except McpError as exc:
+                raise BadGateway(f"cannot list the server's tools: {exc}") from None
+            tools = [_descriptor(tool) for tool in listed if isinstance(tool.get("name"), str)]
+            del listed
+            fresh = self._holding(ToolList(tools, datetime.now(UTC), cached=False), hold)
+        except BaseException:
+            hold.release()
+            raise
         # Not stored if the list was dropped (or listening changed) while it was being fetched.
         if self._caching and stamp == self._stamp(upstream.id):
             entry = {
-                "tools": tools,
+                # As text: whoever reads it parses it only once its memory is granted.
+                "tools_json": orjson.dumps(tools).decode(),
                 "fetched_at": fresh.fetched_at.isoformat(),
                 "fingerprint": fingerprint,
             }
             await self._write(self._key(upstream.id, stamp), entry)
         return fresh
+
+    async def _load(self, key: str, fingerprint: str, owner: uuid.UUID) -> ToolList | None:
+        """The cached list, parsed within this process's memory for tool lists, or None."""
+        entry = await self._read(key)
+        if entry is None or entry.get("fingerprint") != fingerprint:
+            return None
+        text, fetched_at = entry.get("tools_json"), entry.get("fetched_at")
+        if not isinstance(text, str) or not isinstance(fetched_at, str):
+            return None
+        del entry
+        hold = self.memory.hold(owner)
+        try:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await hold.grow(parsed_size(text))
+            except TimeoutError:
+                raise GatewayTimeout(
+                    "cannot read the server's cached tool list: other large tool lists held the "
+                    f"memory for them for {self._timeout:g} s"
+                ) from None
+            except ToolListTooLarge as exc:  # only if the bounds were lowered since
+                raise BadGateway(f"cannot list the server's tools: {exc}") from None
+            tools = orjson.loads(text)
+            del text
+            listing = ToolList(tools, datetime.fromisoformat(fetched_at), cached=True)
+            return self._holding(listing, hold)
+        except BaseException:
+            hold.release()
+            raise
+
+    @staticmethod
+    def _holding(listing: ToolList, hold: ToolListHold) -> ToolList:
+        """`listing`, which gives its memory back once nothing uses it any more."""
+        weakref.finalize(listing, hold.release)
+        return listing
+
+    def _read_landed(self, read: tuple[str, str], task: asyncio.Task[ToolList | None]) -> None:
+        if self._reads.get(read) is task:
+            del self._reads[read]
 
     def _landed(self, flight: tuple[uuid.UUID, str], task: asyncio.Task[ToolList]) -> None:
         # Only if it is still the current fetch: a drop may have detached it already.
@@ -231,8 +315,8 @@ class ToolLists:
 
     def _key(self, server_id: uuid.UUID, stamp: tuple[int, int]) -> str:
         if self._shared:
-            return f"{TABLE}:{server_id}"
-        return f"{TABLE}:{server_id}:{stamp[0]}.{stamp[1]}"
+            return f"{ENTRY}:{server_id}"
+        return f"{ENTRY}:{server_id}:{stamp[0]}.{stamp[1]}"
 
     def _fingerprint(self, upstream: Upstream) -> str:
         material = orjson.dumps([upstream.url, sorted(upstream.auth_headers.items())])

@@ -1,64 +1,81 @@
-"""Invitation emails: sent through a real (local) SMTP server, or logged without SMTP_URL."""
+"""Invitation and verification emails: sent through a real (local) SMTP server, or logged
+without SMTP_URL; nothing of a tenant's choosing in a header."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from email import message_from_bytes
-from email.message import Message
-from typing import Any
+import uuid
 
+import asyncpg
 import pytest
-from aiosmtpd.controller import Controller
 
 from gateway.keys import MAILER
+from gateway.mailer import INVITE_SUBJECT, VERIFY_SUBJECT
 from tests.conftest import AppFactory
+from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
 from tests.upstreams import free_port
 
 
-class Inbox:
-    """An aiosmtpd handler keeping every message it receives."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, list[str], Message]] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
-        message = message_from_bytes(envelope.content)
-        self.messages.append((envelope.mail_from, list(envelope.rcpt_tos), message))
-        return "250 OK"  # stored before the client hears that the message was accepted
-
-
-@pytest.fixture
-def smtp() -> Iterator[tuple[Inbox, int]]:
-    inbox = Inbox()
-    port = free_port()
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield inbox, port
-    finally:
-        controller.stop()
-
-
-async def test_an_invitation_is_emailed_with_its_link(
-    make_api: AppFactory, smtp: tuple[Inbox, int]
+async def test_an_invitation_is_emailed_with_its_link_under_a_fixed_subject(
+    make_api: AppFactory, smtp: Inbox
 ) -> None:
-    inbox, port = smtp
-    api = await make_api(smtp_url=f"smtp://127.0.0.1:{port}")
+    api = await make_api(smtp_url=smtp.url)
     owner = await api.org(await api.signup(name="Olga"), name="Acme")
 
     invite = await api.invite(owner, "Ada@Example.com")
 
-    await api.app[MAILER].close()  # waits for the emails being sent in the background
-    [(sender, recipients, message)] = inbox.messages
-    assert recipients == ["ada@example.com"]
-    assert "mcp-gateway" in sender
-    assert message["To"] == "ada@example.com"
-    assert "Olga" in message["Subject"] and "Acme" in message["Subject"]
-    body = message.get_payload(decode=True)
-    assert isinstance(body, bytes)
-    assert invite["invite_url"] in body.decode()
+    [mail] = await smtp.received(api, "ada@example.com")
+    assert "mcp-gateway" in mail.sender
+    assert mail.message["To"] == "ada@example.com"
+    # The subject is the gateway's own words: a workspace's or inviter's name (which anyone
+    # signing up chooses) is not the first thing a stranger reads.
+    assert mail.message["Subject"] == INVITE_SUBJECT
+    assert "Olga" in mail.body and "Acme" in mail.body
+    assert invite["invite_url"] in mail.body
     assert invite["invite_url"].startswith("http://gateway.test/invite/")
+
+
+async def test_a_stored_name_with_line_breaks_never_fails_an_invitation_nor_reaches_a_header(
+    make_api: AppFactory, smtp: Inbox, db: asyncpg.Connection
+) -> None:
+    """Names stored before the API refused control characters: the invitation is still
+    created and sent (it used to be saved, then answer 500), and the names stay in the body,
+    on one line."""
+    api = await make_api(smtp_url=smtp.url)
+    owner = await api.org(await api.signup(name="Olga"), name="Acme")
+    await db.execute(
+        "UPDATE workspaces SET name = $2 WHERE id = $1",
+        uuid.UUID(owner.workspace_id),
+        "Acme\r\nBcc: victim@example.com\r\nSubject: cheap pills",
+    )
+    await db.execute(
+        "UPDATE users SET name = $2 WHERE id = $1",
+        uuid.UUID(owner.user_id),
+        "Olga\nX-Injected: yes\x85\x07",
+    )
+
+    invite = await api.invite(owner, "ada@example.com")
+
+    [mail] = await smtp.received(api, "ada@example.com")
+    assert not [m for m in smtp.mails if "victim@example.com" in m.recipients]
+    assert mail.message["Bcc"] is None and mail.message["X-Injected"] is None
+    assert mail.message["Subject"] == INVITE_SUBJECT
+    assert "Acme Bcc: victim@example.com Subject: cheap pills" in mail.body
+    assert "Olga X-Injected: yes invited you" in mail.body
+    assert invite["invite_url"] in mail.body
+
+
+async def test_a_verification_email_carries_only_the_link(
+    make_api: AppFactory, smtp: Inbox
+) -> None:
+    api = await make_api(smtp_url=smtp.url)
+    await api.signup("ada@example.com", name="Ada <b>Buy now</b>")
+    [mail] = await smtp.received(api, "ada@example.com")
+    assert mail.message["Subject"] == VERIFY_SUBJECT
+    assert "Buy now" not in mail.body  # nothing of the account holder's choosing
+    token = mail.link("http://gateway.test/verify-email")
+    assert token.count(".") == 2  # a signed token (JWT)
+    assert "expires in 24 hours" in mail.body
 
 
 async def test_without_smtp_the_link_is_logged_and_mail_failures_never_fail_the_request(

@@ -1,4 +1,5 @@
-"""/auth: signup, login, token refresh, the current user, switching workspace, invitations."""
+"""/auth: signup, login, token refresh, logout, the current user, switching workspace,
+invitations, verifying an address, changing a password."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pydantic import Field
 from gateway import accounts
 from gateway.api.models import Body, Email, Name, Out, Password, RoleName, UserOut
 from gateway.api.routing import Routes
-from gateway.auth import PRINCIPAL, SIGN_IN, USER
+from gateway.auth import PRINCIPAL, SIGN_IN, USER, Principal
 from gateway.db import invites as invites_db
 from gateway.db import refresh_tokens as refresh_db
 from gateway.db import users as users_db
@@ -52,6 +53,24 @@ class SwitchIn(Body):
     workspace_id: uuid.UUID
 
 
+class LogoutIn(Body):
+    refresh_token: str
+
+
+class PasswordChangeIn(Body):
+    current_password: str
+    new_password: Password
+
+
+class VerifyEmailIn(Body):
+    token: str = Field(description="the last part of the emailed link, /verify-email/{token}")
+
+
+class VerificationSent(Out):
+    email: str
+    expires_at: datetime = Field(description="when the emailed link stops working")
+
+
 class TokenWorkspace(Out):
     id: uuid.UUID
     name: str
@@ -71,8 +90,11 @@ class TokenResponse(Out):
 class PendingInviteOut(Out):
     id: uuid.UUID
     token: str | None = Field(
-        description="accepts it (POST /auth/accept-invite/{token}); null when it cannot be "
-        "shown again (stored only as a hash since before this version): use the emailed link"
+        description="accepts it (POST /auth/accept-invite/{token}). Shown only once your "
+        "address is verified (`email_verified`): signing up with an address proves nothing, "
+        "so until then the invitation is accepted with the link emailed to the address (or "
+        "handed over by whoever invited you). Null as well for an invitation whose token "
+        "cannot be derived again (made under another GATEWAY_JWT_SECRET)"
     )
     workspace_id: uuid.UUID
     workspace_name: str
@@ -94,6 +116,10 @@ class MeOut(Out):
     id: uuid.UUID
     email: str
     name: str
+    email_verified: bool = Field(
+        description="whether the address was verified through a link the gateway emailed to "
+        "it (POST /auth/verify-email/send); never true on a gateway without SMTP_URL"
+    )
     current_workspace: TokenWorkspace | None
     workspaces: list[MeWorkspace]
     pending_invites: list[PendingInviteOut]
@@ -138,13 +164,19 @@ async def signup(request: web.Request, body: SignupIn) -> dict[str, Any]:
     """With `invite_token`, the invitation (for this same email) is accepted at once and the
     tokens are scoped to the inviting workspace; otherwise to the new personal workspace.
     GATEWAY_SIGNUP may close signup (403), or open it to invited people only (403 without
-    `invite_token`)."""
+    `invite_token`).
+
+    When the gateway sends email (SMTP_URL), a link that verifies the address is emailed to
+    it (see POST /auth/verify-email). An invitation token does not verify the address: the
+    person who invited saw it too."""
     password_hash = await accounts.admit(request, body.email, body.password, body.invite_token)
     async with request.app[POOL].acquire() as conn, conn.transaction():
         user, workspace = await accounts.sign_up(
             conn, body.email, body.name, password_hash, body.invite_token
         )
-        return await _issue_tokens(request, conn, user, workspace)
+        tokens = await _issue_tokens(request, conn, user, workspace)
+    await accounts.welcome(request, user)
+    return tokens
 
 
 @routes.post(
@@ -185,6 +217,58 @@ async def refresh(request: web.Request, body: RefreshIn) -> dict[str, Any]:
     raise Unauthorized("invalid, expired or already used refresh token")
 
 
+@routes.post(
+    "/auth/logout",
+    summary="Log out: end the session of a refresh token",
+    access=SIGN_IN,
+    status=204,
+)
+async def logout(request: web.Request, body: LogoutIn) -> None:
+    """Ends the session (the refresh token family) the refresh token belongs to: neither it
+    nor any token refreshed from it works again. An unknown, used or expired token is
+    answered the same (204), as there is nothing left to end.
+
+    Access tokens are stateless JWTs and are not looked up on each request: one already issued
+    keeps working until it expires, within 15 minutes (`expires_in`). Discard it. A member's
+    role is still read at each request, so removing someone from a workspace takes effect at
+    once."""
+    await refresh_db.revoke_family(request.app[POOL], hash_token(body.refresh_token))
+
+
+@routes.post(
+    "/auth/change-password",
+    summary="Change your password (ends every session)",
+    access=USER,
+    response=TokenResponse,
+    errors=(429,),
+)
+async def change_password(request: web.Request, body: PasswordChangeIn) -> dict[str, Any]:
+    """Needs the current password: a wrong one is 403 (not 401: the caller's token is fine),
+    and attempts are rate limited as logins are (429 with Retry-After). The password changes
+    and every session of the account ends: every refresh token (API) and every dashboard
+    sign-in, of every device. The answer is a new session (tokens scoped to the current
+    workspace, or the home workspace if the caller left it), so the caller stays signed in.
+    Access tokens issued before keep working until they expire (within 15 minutes)."""
+    principal = request[PRINCIPAL]
+    user = await _current_user(request.app[POOL], principal)
+    stored, new_hash = await accounts.check_password_change(
+        request, user, body.current_password, body.new_password
+    )
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        await accounts.change_password(conn, user, stored, new_hash)
+        workspace = await workspaces_db.get(conn, principal.workspace_id, user.id)
+        workspace = workspace or await accounts.home_workspace(conn, user)
+        return await _issue_tokens(request, conn, user, workspace)
+
+
+async def _current_user(db: Executor, principal: Principal) -> User:
+    assert principal.user_id is not None  # USER endpoints refuse API keys
+    user = await users_db.by_id(db, principal.user_id)
+    if user is None:
+        raise Unauthorized("this account no longer exists")
+    return user
+
+
 @routes.get(
     "/auth/me",
     summary="The current user, workspace, workspaces and invitations",
@@ -192,35 +276,82 @@ async def refresh(request: web.Request, body: RefreshIn) -> dict[str, Any]:
     response=MeOut,
 )
 async def me(request: web.Request) -> dict[str, Any]:
+    """`pending_invites` lists the invitations sent to your address; their tokens only once
+    the address is verified (`email_verified`)."""
     principal = request[PRINCIPAL]
+    return await _me(request, await _current_user(request.app[POOL], principal), principal)
+
+
+async def _me(request: web.Request, user: User, principal: Principal) -> dict[str, Any]:
     pool = request.app[POOL]
-    assert principal.user_id is not None
-    user = await users_db.by_id(pool, principal.user_id)
-    if user is None:
-        raise Unauthorized("this account no longer exists")
+    verified = await users_db.email_verified_at(pool, user.id) is not None
     workspaces = await workspaces_db.list_for_user(pool, user.id)
     current = next((w for w in workspaces if w["id"] == principal.workspace_id), None)
     return {
         "id": user.id,
         "email": user.email,
         "name": user.name,
+        "email_verified": verified,
         "current_workspace": current and {k: current[k] for k in ("id", "name", "slug", "role")},
         "workspaces": [
             {k: w[k] for k in ("id", "name", "slug", "role", "is_personal")} for w in workspaces
         ],
         "pending_invites": [
-            _with_token(request, invite)
+            with_token(request, invite, verified)
             for invite in await invites_db.pending_for_email(pool, user.email)
         ],
     }
 
 
-def _with_token(request: web.Request, invite: dict[str, Any]) -> dict[str, Any]:
-    """The invitee's own token, derived again (only its hash is stored); null for an
-    invitation made before tokens were derived, or under another GATEWAY_JWT_SECRET."""
+def with_token(request: web.Request, invite: dict[str, Any], verified: bool) -> dict[str, Any]:
+    """A pending invitation as its invitee sees it: its token, derived again (only its hash is
+    stored), for a verified address only; null otherwise, and for an invitation made under
+    another GATEWAY_JWT_SECRET."""
     stored = invite.pop("token_hash")
+    if not verified:
+        return {**invite, "token": None}
     token = invite_token(request.app[SETTINGS].jwt_secret, invite["id"])
     return {**invite, "token": token if hash_token(token) == stored else None}
+
+
+@routes.post(
+    "/auth/verify-email/send",
+    summary="Email yourself a link that verifies your address",
+    access=USER,
+    response=VerificationSent,
+    errors=(400, 429),
+)
+async def send_verification(request: web.Request) -> dict[str, Any]:
+    """Sends `{PUBLIC_URL}/verify-email/{token}` to the account's address; the link is never
+    shown anywhere else. It expires in 24 hours, and works only for this account signed in
+    (POST /auth/verify-email, or the dashboard page the link opens). At most 3 links per
+    address and hour, signup's included (429 with Retry-After).
+
+    400 on a gateway without SMTP_URL, where addresses cannot be verified at all (invitations
+    are then accepted with the link that whoever invited hands over), and for an address
+    already verified."""
+    user = await _current_user(request.app[POOL], request[PRINCIPAL])
+    expires_at = await accounts.send_verification(request, user)
+    return {"email": user.email, "expires_at": expires_at}
+
+
+@routes.post(
+    "/auth/verify-email",
+    summary="Verify your address with the emailed link's token",
+    access=USER,
+    response=MeOut,
+    errors=(400,),
+)
+async def verify_email(request: web.Request, body: VerifyEmailIn) -> dict[str, Any]:
+    """The token of the link POST /auth/verify-email/send emailed, redeemed by the account it
+    was made for (403 for another account: a stranger who signed up with your address cannot
+    have it verified by your click). An invalid or expired token is 400. Answers as GET
+    /auth/me does, now with the tokens of the invitations to the address. Verifying again is
+    harmless."""
+    principal = request[PRINCIPAL]
+    user = await _current_user(request.app[POOL], principal)
+    await accounts.verify_email(request, user, body.token)
+    return await _me(request, user, principal)
 
 
 @routes.post(
@@ -251,7 +382,10 @@ async def switch_workspace(request: web.Request, body: SwitchIn) -> dict[str, An
 )
 async def accept_invite(request: web.Request, token: str) -> dict[str, Any]:
     """Needs the invitee logged in, with the email the invitation was sent to (else 403);
-    returns tokens scoped to the workspace joined. An expired, revoked or used token is 404."""
+    returns tokens scoped to the workspace joined. An expired, revoked or used token is 404.
+
+    The token is the proof of controlling the address: it comes from the emailed link (or
+    from whoever invited), or from GET /auth/me once the address is verified."""
     principal = request[PRINCIPAL]
     assert principal.user_id is not None
     async with request.app[POOL].acquire() as conn, conn.transaction():

@@ -70,6 +70,12 @@ class DocumentSchema(GenerateJsonSchema):
 # Text that whitespace stripping leaves as it is and non-empty.
 TRIMMED = r"^[^\s\u0000](?:[^\u0000]*[^\s\u0000])?$"
 
+# C0 and C1 control characters and DEL (CR and LF among them), as a regex class body.
+_CONTROL = r"\u0000-\u001f\u007f-\u009f"
+# A name: trimmed, non-empty, and on one line without control characters (a name ends up in
+# emails, logs and pages, where a line break can start something of its own).
+NAME_PATTERN = rf"^[^\s{_CONTROL}](?:[^{_CONTROL}]*[^\s{_CONTROL}])?$"
+
 # The URLs _http_url takes, as far as a pattern can say (IPv6 literals and international names
 # are taken too, but not described).
 _PORT = r"(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
@@ -78,8 +84,10 @@ _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _QUAD = rf"(?:{_OCTET}\.){{3}}{_OCTET}"
 URL_PATTERN = (
     rf"^{any_case('http')}[sS]?://"
-    # A dotted quad (link-local ones are always refused), or a name that is not all digits.
-    rf"(?:(?!169\.254\.){_QUAD}|(?![0-9.]+(?:[:/?#]|$))(?:{_LABEL}\.)*{_LABEL})"
+    # A dotted quad (not those always refused: link-local, unspecified, Alibaba's metadata), or
+    # a name that is not all digits.
+    rf"(?:(?!169\.254\.|0\.|100\.100\.100\.200(?:[:/?#]|$)){_QUAD}"
+    rf"|(?![0-9.]+(?:[:/?#]|$))(?:{_LABEL}\.)*{_LABEL})"
     rf"(?::{_PORT})?(?:[/?#][!-~]*)?$"
 )
 
@@ -225,10 +233,21 @@ Email = Annotated[
     BeforeValidator(_normalise_email),
     Documented(EMAIL_PATTERN),
 ]
+
+_CONTROL_CHARACTER = re.compile(f"[{_CONTROL}]")
+
+
+def _one_line(value: str) -> str:
+    if _CONTROL_CHARACTER.search(value):
+        raise ValueError("must not contain control characters (such as line breaks or tabs)")
+    return value
+
+
 Name = Annotated[
     str,
     StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
-    Documented(TRIMMED),
+    AfterValidator(_one_line),
+    Documented(NAME_PATTERN),
 ]
 Password = Annotated[str, StringConstraints(min_length=8, max_length=1024)]
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{1,62}$")]

@@ -10,20 +10,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-import jsonschema
 import orjson
 from aiohttp import web
 from pydantic import Field, StringConstraints
-from referencing.exceptions import Unresolvable
 
 from gateway.api.models import Body, Out
 from gateway.api.routing import Routes
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.calllog import ToolCall, clean_text, new_call_id
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
-from gateway.keys import CALL_LOG, HTTP, SETTINGS, TOOL_LISTS, UPSTREAMS
+from gateway.keys import (
+    CALL_LOG,
+    HTTP,
+    SCHEMA_CHECKER,
+    SETTINGS,
+    TOOL_LIST_MEMORY,
+    TOOL_LISTS,
+    UPSTREAMS,
+)
 from gateway.mcp.client import McpError
 from gateway.mcp.tool_calls import UNNAMED_TOOL, failed_result_text, shorten
+from gateway.security.untrusted_schemas import Problem, Verdict
 from gateway.tool_lists import mcp_session
 from gateway.upstreams import Upstream
 
@@ -32,7 +39,6 @@ log = logging.getLogger(__name__)
 routes = Routes("tool playground")
 
 PLAYGROUND_AGENT = "mcp-gateway-playground"
-_MAX_SCHEMA_ERRORS = 10
 
 
 class ToolOut(Out):
@@ -69,6 +75,17 @@ class InvokeOut(Out):
         description="why the call failed: the upstream failure, or the text the tool returned "
         "with isError"
     )
+    arguments_checked: bool = Field(
+        description="true: the arguments were checked against the tool's inputSchema (and met "
+        "it) before the call; false: they were sent unchecked, `arguments_unchecked_reason` "
+        "says why"
+    )
+    arguments_unchecked_reason: str | None = Field(
+        description="null when the arguments were checked; else why not: the inputSchema "
+        "cannot be used (not a valid JSON Schema, a `$ref` to another document, over 1 MiB or "
+        "nested deeper than 64 levels), its check did not start or finish within "
+        "GATEWAY_SCHEMA_CHECK_SECONDS, or the tool list could not be read"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +114,9 @@ async def list_tools(request: web.Request, server_id: uuid.UUID) -> dict[str, An
     then cached for GATEWAY_TOOLS_CACHE_SECONDS (shared by every gateway process with
     REDIS_URL). Concurrent requests while nothing is cached share one fetch. A server that
     cannot be reached or answers with an error is 502, one that does not answer within
-    GATEWAY_PROXY_TIMEOUT_SECONDS 504, as with the proxy."""
+    GATEWAY_PROXY_TIMEOUT_SECONDS 504, as with the proxy. A tool list over 8 MiB (over all its
+    pages), with more than 2,000 tools, or that would take over 96 MiB of memory once parsed
+    is not read to the end: 502, the detail saying which bound it broke."""
     upstream = await _upstream(request, server_id)
     listing = await request.app[TOOL_LISTS].get(upstream)
     return {
@@ -126,11 +145,15 @@ async def drop_tools_cache(request: web.Request, server_id: uuid.UUID) -> None:
 async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn) -> dict[str, Any]:
     """The tool must be in the server's tool list (cached or fetched now), else 422 naming
     `body.tool_name`; the arguments are checked against its inputSchema, else 422 naming each
-    bad argument (`body.arguments.<path>: <problem>`). Nothing is called or logged then.
-    Otherwise the call is logged as a tool call (caller_agent `mcp-gateway-playground`) before
-    the answer, which is 200 also when the call fails: `status` is `error` when the server
-    cannot be reached (also while listing its tools), times out, answers with an HTTP or
-    JSON-RPC error, or returns a result with `isError: true`; `error_message` says why."""
+    bad argument (`body.arguments.<path>: <problem>`, most relevant first, at most 10).
+    Nothing is called or logged then. The check runs in a separate process within
+    GATEWAY_SCHEMA_CHECK_SECONDS; a schema that cannot be checked (unusable, too large, too
+    slow to check) is not enforced: the call goes on, and `arguments_checked` is false with
+    the reason. Otherwise the call is logged as a tool call (caller_agent
+    `mcp-gateway-playground`) before the answer, which is 200 also when the call fails:
+    `status` is `error` when the server cannot be reached (also while listing its tools), times
+    out, answers with an HTTP or JSON-RPC error, or returns a result with `isError: true`;
+    `error_message` says why."""
     app = request.app
     upstream = await _upstream(request, server_id)
     started = time.perf_counter()
@@ -139,6 +162,7 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
         listing = await app[TOOL_LISTS].get(upstream)
     except (BadGateway, GatewayTimeout) as exc:
         failed = _Outcome(None, exc.detail, _ms_since(started))
+        verdict = Verdict.unchecked("the server's tool list could not be read")
     else:
         tool = listing.find(body.tool_name)
         if tool is None:
@@ -146,7 +170,10 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
                 f"body.tool_name: the server has no tool named {body.tool_name!r} (tool list "
                 f"fetched at {listing.fetched_at.isoformat()}; DELETE the tools cache to refresh)"
             )
-        _check_arguments(tool["inputSchema"], body.arguments)
+        schema = tool["inputSchema"]
+        # The list's memory goes back as soon as nothing holds it: not kept for the call.
+        del listing, tool
+        verdict = await _check_arguments(request, upstream, schema, body.arguments)
     # Shielded: a caller hanging up (which cancels this handler) must not leave a call made
     # and not logged.
     call, outcome = await asyncio.shield(_call_and_log(app, upstream, body, failed))
@@ -156,28 +183,30 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
         "duration_ms": outcome.duration_ms,
         "status": call.status,
         "error_message": call.error_message,
+        "arguments_checked": verdict.checked,
+        "arguments_unchecked_reason": verdict.reason,
     }
 
 
-def _check_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> None:
-    validator_class = jsonschema.validators.validator_for(
-        schema, default=jsonschema.Draft202012Validator
-    )
-    try:
-        validator_class.check_schema(schema)
-        errors = list(validator_class(schema).iter_errors(arguments))
-    except (jsonschema.SchemaError, Unresolvable) as exc:
-        # The server's own schema is broken (or refers elsewhere): the server judges instead.
-        log.info("not checking arguments against an unusable inputSchema: %s", exc)
-        return
-    if errors:
-        errors.sort(key=jsonschema.exceptions.relevance)
-        raise ValidationFailed("; ".join(_describe(e) for e in errors[:_MAX_SCHEMA_ERRORS]))
+async def _check_arguments(
+    request: web.Request, upstream: Upstream, schema: Any, arguments: dict[str, Any]
+) -> Verdict:
+    """The checker's verdict; 422 if the arguments break the schema."""
+    verdict = await request.app[SCHEMA_CHECKER].check(upstream.workspace_id, schema, arguments)
+    if verdict.problems:
+        raise ValidationFailed("; ".join(_describe(p) for p in verdict.problems))
+    if not verdict.checked:
+        log.info(
+            "arguments of a playground call go unchecked: %s",
+            verdict.reason,
+            extra={"server_id": str(upstream.id), "workspace_id": str(upstream.workspace_id)},
+        )
+    return verdict
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
-    where = ".".join(["body.arguments", *(str(part) for part in error.absolute_path)])
-    return f"{where}: {error.message}"
+def _describe(problem: Problem) -> str:
+    where = ".".join(["body.arguments", *(str(part) for part in problem.path)])
+    return f"{where}: {problem.message}"
 
 
 async def _call_and_log(
@@ -196,7 +225,8 @@ async def _call(
     started = time.perf_counter()
     timeout = app[SETTINGS].proxy_timeout_seconds
     try:
-        async with mcp_session(app[HTTP], upstream, timeout) as client:
+        # A 2026-07-28 server may make the client list its tools first: within the same bounds.
+        async with mcp_session(app[HTTP], upstream, timeout, app[TOOL_LIST_MEMORY]) as client:
             result = await client.call_tool(name, arguments)
             duration_ms = _ms_since(started)  # ending the session is not part of the call
     except McpError as exc:

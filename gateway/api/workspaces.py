@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from aiohttp import web
+from pydantic import Field
 
 from gateway.api.models import Body, Email, InviteRole, Name, Out, RoleName, Slug, WorkspaceOut
 from gateway.api.routing import Routes
@@ -16,7 +17,7 @@ from gateway.db import invites as invites_db
 from gateway.db import memberships as memberships_db
 from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
-from gateway.errors import BadRequest, Forbidden, NotFound
+from gateway.errors import BadRequest, Forbidden, NotFound, TooManyRequests, ValidationFailed
 from gateway.keys import AUTHENTICATOR, MAILER, POOL, SETTINGS
 from gateway.security.api_keys import DISPLAY_PREFIX_LENGTH, new_api_key
 from gateway.security.tokens import hash_token, invite_token
@@ -76,6 +77,11 @@ class ApiKeyOut(Out):
     created_at: datetime
     last_used_at: datetime | None
     created_by: uuid.UUID | None
+    created_by_former_member: bool = Field(
+        description="its creator is no longer a member (removed, left, or their account is "
+        "gone). The key keeps working, as it belongs to the workspace, but that person saw "
+        "its value: revoke it unless you know it is safe"
+    )
 
 
 class ApiKeyCreated(ApiKeyOut):
@@ -107,16 +113,30 @@ async def list_workspaces(request: web.Request) -> list[dict[str, Any]]:
     access=USER,
     status=201,
     response=WorkspaceOut,
-    errors=(400,),
+    errors=(400, 422),
 )
 async def create_workspace(request: web.Request, body: WorkspaceIn) -> dict[str, Any]:
-    """Without `slug`, one is derived from the name. Slugs are unique across the service."""
+    """Without `slug`, one is derived from the name. Slugs are unique across the service.
+
+    A user who already belongs to GATEWAY_MAX_WORKSPACES_PER_USER workspaces (default 50,
+    their personal one and those they joined included) cannot create another: 422."""
     pool = request.app[POOL]
+    limit = request.app[SETTINGS].max_workspaces_per_user
     async with pool.acquire() as conn, conn.transaction():
-        slug = body.slug or await workspaces_db.free_slug(conn, body.name)
-        return await workspaces_db.create(
-            conn, _user_id(request[PRINCIPAL]), body.name, slug, personal=False
-        )
+        try:
+            return await workspaces_db.create(
+                conn,
+                _user_id(request[PRINCIPAL]),
+                body.name,
+                body.slug,
+                personal=False,
+                limit=limit,
+            )
+        except workspaces_db.TooMany:
+            raise ValidationFailed(
+                f"you belong to {limit} workspaces, the most this gateway allows when creating "
+                "another (GATEWAY_MAX_WORKSPACES_PER_USER): leave or delete one first"
+            ) from None
 
 
 @routes.get(
@@ -181,32 +201,54 @@ async def list_members(request: web.Request, workspace_id: uuid.UUID) -> list[di
     access=WS_ADMIN,
     status=201,
     response=InviteCreated,
-    errors=(400,),
+    errors=(400, 422, 429),
 )
 async def invite_member(
     request: web.Request, workspace_id: uuid.UUID, body: InviteIn
 ) -> dict[str, Any]:
     """Sends the invitation email (when SMTP_URL is configured). `invite_url` is returned only
-    here. An earlier pending invitation of the same email to this workspace is replaced."""
+    here. An earlier pending invitation of the same email to this workspace is replaced.
+
+    Each invitation is an email to a stranger, so a workspace may create at most
+    GATEWAY_INVITES_PER_HOUR (default 50) per hour, revoked and replaced ones included (429
+    with Retry-After), and hold at most GATEWAY_MAX_PENDING_INVITES_PER_WORKSPACE (default
+    200) pending (422). The email's subject is fixed; the names of the workspace and of the
+    inviter appear in its body only."""
     app = request.app
+    settings = app[SETTINGS]
     pool = app[POOL]
     inviter_id = _user_id(request[PRINCIPAL])
+    bounds = invites_db.Bounds(
+        settings.max_pending_invites_per_workspace, settings.invites_per_hour
+    )
     async with pool.acquire() as conn, conn.transaction():
         if await memberships_db.is_member_by_email(conn, workspace_id, body.email):
             raise BadRequest(f"{body.email} is already a member of this workspace")
-        await invites_db.revoke_pending_for_email(conn, workspace_id, body.email)
         invite_id = uuid.uuid4()
-        token = invite_token(app[SETTINGS].jwt_secret, invite_id)
-        invite = await invites_db.insert(
-            conn,
-            invite_id,
-            workspace_id,
-            body.email,
-            body.role,
-            hash_token(token),
-            inviter_id,
-            app[SETTINGS].invite_ttl_days,
-        )
+        token = invite_token(settings.jwt_secret, invite_id)
+        try:
+            invite = await invites_db.replace(
+                conn,
+                bounds,
+                invite_id,
+                workspace_id,
+                body.email,
+                body.role,
+                hash_token(token),
+                inviter_id,
+                settings.invite_ttl_days,
+            )
+        except invites_db.SendingTooFast as exc:
+            raise TooManyRequests(
+                f"this workspace sent {bounds.per_hour} invitations in the last hour, the most "
+                f"this gateway allows (GATEWAY_INVITES_PER_HOUR): retry in {exc.retry_after} s",
+                retry_after=exc.retry_after,
+            ) from None
+        except invites_db.TooManyPending:
+            raise ValidationFailed(
+                f"this workspace has {bounds.max_pending} pending invitations, the most this "
+                "gateway allows (GATEWAY_MAX_PENDING_INVITES_PER_WORKSPACE): revoke some first"
+            ) from None
         workspace = await workspaces_db.get(conn, workspace_id, inviter_id)
         inviter = await users_db.by_id(conn, inviter_id)
     assert workspace is not None and inviter is not None
@@ -289,6 +331,11 @@ async def revoke_invite(
     response=list[ApiKeyOut],
 )
 async def list_api_keys(request: web.Request, workspace_id: uuid.UUID) -> list[dict[str, Any]]:
+    """Keys belong to the workspace, not to the person who created them: a key keeps working
+    when its creator leaves or is removed, because agents in production depend on it. That
+    person saw the raw value, though, so such a key is listed with `created_by_former_member`
+    true (the dashboard's Settings warn by its revoke button): revoke it unless you know it is
+    safe."""
     return await api_keys_db.list_active(request.app[POOL], workspace_id)
 
 
@@ -298,21 +345,32 @@ async def list_api_keys(request: web.Request, workspace_id: uuid.UUID) -> list[d
     access=WS_ADMIN,
     status=201,
     response=ApiKeyCreated,
+    errors=(422,),
 )
 async def create_api_key(
     request: web.Request, workspace_id: uuid.UUID, body: ApiKeyIn
 ) -> dict[str, Any]:
     """The raw `key` is in this response only; it is stored as a hash and cannot be shown
-    again. Send it as `X-API-Key`."""
+    again. Send it as `X-API-Key`. A workspace holds at most GATEWAY_MAX_API_KEYS_PER_WORKSPACE
+    (default 100) active keys: 422 past it."""
     raw = new_api_key()
-    created = await api_keys_db.insert(
-        request.app[POOL],
-        workspace_id,
-        body.name,
-        raw[:DISPLAY_PREFIX_LENGTH],
-        hash_token(raw),
-        _user_id(request[PRINCIPAL]),
-    )
+    limit = request.app[SETTINGS].max_api_keys_per_workspace
+    async with request.app[POOL].acquire() as conn:
+        try:
+            created = await api_keys_db.insert(
+                conn,
+                workspace_id,
+                body.name,
+                raw[:DISPLAY_PREFIX_LENGTH],
+                hash_token(raw),
+                _user_id(request[PRINCIPAL]),
+                limit,
+            )
+        except api_keys_db.TooMany:
+            raise ValidationFailed(
+                f"this workspace has {limit} API keys, the most this gateway allows "
+                "(GATEWAY_MAX_API_KEYS_PER_WORKSPACE): revoke one first"
+            ) from None
     created["key"] = raw
     return created
 

@@ -1,4 +1,5 @@
-"""Signing up, logging in and out, accepting an invitation, switching and creating workspaces."""
+"""Signing up, logging in and out, accepting an invitation, switching workspaces, and the
+account page: the address and its verification, pending invitations, the password."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from typing import Any
 from aiohttp import web
 
 from gateway import accounts
-from gateway.api.auth import LoginIn, SignupIn
+from gateway.api import auth as auth_api
+from gateway.api.auth import LoginIn, PasswordChangeIn, SignupIn, VerifyEmailIn
 from gateway.dashboard import sessions
 from gateway.dashboard.pages import (
     FormInvalid,
     Pages,
     api_errors,
+    call,
     field_text,
     parse_uuid,
     redirect,
@@ -23,8 +26,9 @@ from gateway.dashboard.pages import (
 )
 from gateway.db import dashboard_sessions as sessions_db
 from gateway.db import invites as invites_db
-from gateway.errors import ApiError, NotFound
-from gateway.keys import AUTHENTICATOR, POOL
+from gateway.errors import ApiError, BadRequest, Forbidden, NotFound
+from gateway.keys import AUTHENTICATOR, POOL, SETTINGS
+from gateway.security.tokens import InvalidToken, read_email_token
 
 pages = Pages()
 
@@ -99,6 +103,7 @@ async def signup(request: web.Request) -> web.StreamResponse:
             user, workspace = await accounts.sign_up(
                 conn, body.email, body.name, password_hash, token
             )
+        await accounts.welcome(request, user)
     except FormInvalid as exc:
         return await _form(
             request,
@@ -165,6 +170,110 @@ async def switch_workspace(request: web.Request) -> web.StreamResponse:
         raise NotFound("workspace not found")
     await sessions_db.switch(request.app[POOL], session.id_hash, workspace_id)
     return redirect(safe_next(field_text(request, "next")))
+
+
+# Notices the account page shows after a redirect: fixed texts, chosen by a word in the query.
+_NOTICES = {
+    "password": "Your password was changed. Every other session of your account was signed out.",
+    "sent": "A confirmation link is on its way to your address. Open it while signed in here.",
+    "verified": "Your email address is verified.",
+}
+
+
+@pages.get("/account", "account.html")
+async def account_page(request: web.Request) -> dict[str, Any]:
+    return await _account(request, notice=_NOTICES.get(request.query.get("done", ""), ""))
+
+
+async def _account(
+    request: web.Request,
+    *,
+    failed: str = "",
+    errors: dict[str, str] | None = None,
+    notice: str = "",
+) -> dict[str, Any]:
+    """The account page; `failed` names the form whose `errors` it shows."""
+    # As GET /auth/me answers: the tokens of invitations only for a verified address.
+    me = await call(request, auth_api.me)
+    return {
+        "section": "account",
+        "me": me,
+        "emails_sent": request.app[SETTINGS].smtp_url is not None,
+        "failed": failed,
+        "errors": errors or {},
+        "notice": notice,
+    }
+
+
+async def _account_refused(
+    request: web.Request, status: int, failed: str, exc: ApiError | FormInvalid
+) -> web.StreamResponse:
+    """The account page again, with why the form `failed` was refused."""
+    errors = exc.errors if isinstance(exc, FormInvalid) else api_errors(exc)
+    context = await _account(request, failed=failed, errors=errors)
+    response = await render(request, "account.html", context, status=status)
+    if isinstance(exc, ApiError):
+        response.headers.update(exc.headers)  # Retry-After
+    return response
+
+
+@pages.post("/account/password")
+async def change_password(request: web.Request) -> web.StreamResponse:
+    """Every session of the account ends (this browser's too, which gets a new one)."""
+    user = await signed_in_user(request)
+    values = {name: field_text(request, name) for name in ("current_password", "new_password")}
+    try:
+        if values["new_password"] != field_text(request, "new_password_again"):
+            raise FormInvalid({"new_password_again": "does not match the new password"})
+        body = validated(PasswordChangeIn, values)
+        stored, new_hash = await accounts.check_password_change(
+            request, user, body.current_password, body.new_password
+        )
+        async with request.app[POOL].acquire() as conn, conn.transaction():
+            await accounts.change_password(conn, user, stored, new_hash)
+    except FormInvalid as exc:
+        return await _account_refused(request, 422, "password", exc)
+    except ApiError as exc:  # a wrong current password (403), too many attempts (429)
+        if exc.status not in (403, 429):
+            raise
+        return await _account_refused(request, exc.status, "password", exc)
+    workspace_id = request[sessions.SESSION].workspace_id
+    return await _signed_in_at(request, user.id, workspace_id, "/account?done=password")
+
+
+@pages.post("/account/verify-email")
+async def send_verification(request: web.Request) -> web.StreamResponse:
+    try:
+        await call(request, auth_api.send_verification)
+    except ApiError as exc:  # no email on this gateway, already verified (400), too many (429)
+        if exc.status not in (400, 429):
+            raise
+        return await _account_refused(request, exc.status, "verify", exc)
+    return redirect("/account?done=sent")
+
+
+@pages.get("/verify-email/{token}", "verify_email.html")
+async def verify_email_page(request: web.Request) -> dict[str, Any]:
+    """The link of a verification email: signed in as the account it was sent for (the page
+    asks to log in first), a button confirms the address."""
+    token = request.match_info["token"]
+    try:
+        claims = read_email_token(request.app[SETTINGS].jwt_secret, token)
+    except InvalidToken as exc:
+        raise BadRequest(str(exc)) from None
+    if claims.user_id != request[sessions.SESSION].user_id:
+        raise Forbidden(
+            "this link confirms the address of another account: log out, and sign in as the "
+            "account it was sent for"
+        )
+    return {"section": "account", "email": claims.email, "token": token}
+
+
+@pages.post("/verify-email/{token}")
+async def verify_email(request: web.Request) -> web.StreamResponse:
+    body = VerifyEmailIn(token=request.match_info["token"])
+    await call(request, auth_api.verify_email, body=body)
+    return redirect("/account?done=verified")
 
 
 async def _invite(request: web.Request, token: str | None) -> dict[str, Any] | None:

@@ -180,9 +180,13 @@ async def invite_member(request: web.Request) -> web.StreamResponse:
     except FormInvalid as exc:
         return await _refused(request, 422, "invite", exc.errors, values)
     except ApiError as exc:
-        if exc.status != 400:  # already a member; 403 stays the error page
+        # Already a member (400), too many pending (422), too many this hour (429); 403 stays
+        # the error page.
+        if exc.status not in (400, 422, 429):
             raise
-        return await _refused(request, 400, "invite", api_errors(exc), values)
+        response = await _refused(request, exc.status, "invite", api_errors(exc), values)
+        response.headers.update(exc.headers)  # Retry-After
+        return response
     # Shown here only, not after a redirect: the link is a secret that opens the workspace,
     # and a URL would keep it in the history; without SMTP_URL it is the only way to send it.
     context = await _context(request, invite=invite)
@@ -212,6 +216,10 @@ async def create_api_key(request: web.Request) -> web.StreamResponse:
         )
     except FormInvalid as exc:
         return await _refused(request, 422, "api_key", exc.errors, values)
+    except ApiError as exc:
+        if exc.status != 422:  # as many keys as a workspace may hold
+            raise
+        return await _refused(request, 422, "api_key", api_errors(exc), values)
     # The raw key exists in this response only (stored as a hash): never behind a redirect.
     context = {"section": "settings", "api_key": created}
     return await render(request, "api_key_created.html", context, status=201)

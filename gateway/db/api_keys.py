@@ -1,4 +1,4 @@
-"""SQL for API keys; only their hashes are stored."""
+"""SQL for API keys; only their hashes are stored. A workspace holds a bounded number."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.db.types import Executor
+from gateway.db.types import Connection, Executor
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,15 +20,28 @@ _COLUMNS = "id, name, prefix, created_at, last_used_at, created_by"
 
 _FIND_ACTIVE = "SELECT id, workspace_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL"
 
+# Its creator is a member when it is made.
 _INSERT = f"""
 INSERT INTO api_keys (workspace_id, name, prefix, key_hash, created_by)
-VALUES ($1, $2, $3, $4, $5) RETURNING {_COLUMNS}
+VALUES ($1, $2, $3, $4, $5) RETURNING {_COLUMNS}, false AS created_by_former_member
 """
 
+# Keys belong to the workspace and outlive their creator's membership; but whoever made one
+# saw its raw value, so a key whose creator left (or whose account is gone) says so.
 _LIST = f"""
-SELECT {_COLUMNS} FROM api_keys WHERE workspace_id = $1 AND revoked_at IS NULL
+SELECT {_COLUMNS},
+       created_by IS NULL OR NOT EXISTS (
+           SELECT 1 FROM memberships m
+           WHERE m.workspace_id = k.workspace_id AND m.user_id = k.created_by
+       ) AS created_by_former_member
+FROM api_keys k WHERE workspace_id = $1 AND revoked_at IS NULL
 ORDER BY created_at DESC
 """
+
+# Held by the transaction that creates a key, so that keys created at once count each other
+# (NO KEY: rows referring to the workspace are not held up).
+_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
+_COUNT_ACTIVE = "SELECT count(*) FROM api_keys WHERE workspace_id = $1 AND revoked_at IS NULL"
 
 _REVOKE = """
 UPDATE api_keys SET revoked_at = now()
@@ -48,15 +61,25 @@ async def find_active(db: Executor, key_hash: str) -> ActiveKey | None:
     return None if row is None else ActiveKey(row["id"], row["workspace_id"])
 
 
+class TooMany(Exception):
+    """The workspace holds as many active keys as it may."""
+
+
 async def insert(
-    db: Executor,
+    conn: Connection,
     workspace_id: uuid.UUID,
     name: str,
     prefix: str,
     key_hash: str,
     created_by: uuid.UUID,
+    limit: int,
 ) -> dict[str, Any]:
-    row = await db.fetchrow(_INSERT, workspace_id, name, prefix, key_hash, created_by)
+    """A new key, unless the workspace already holds `limit` active ones (TooMany)."""
+    async with conn.transaction():
+        await conn.execute(_LOCK_WORKSPACE, workspace_id)
+        if await conn.fetchval(_COUNT_ACTIVE, workspace_id) >= limit:
+            raise TooMany
+        row = await conn.fetchrow(_INSERT, workspace_id, name, prefix, key_hash, created_by)
     assert row is not None
     return dict(row)
 

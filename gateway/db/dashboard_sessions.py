@@ -49,6 +49,7 @@ SELECT id_hash, user_id, email, name, workspace_id FROM found
 
 _SWITCH = "UPDATE dashboard_sessions SET workspace_id = $2 WHERE id_hash = $1"
 _END = "DELETE FROM dashboard_sessions WHERE id_hash = $1"
+_END_ALL_FOR_USER = "DELETE FROM dashboard_sessions WHERE user_id = $1"
 
 
 async def open_session(
@@ -70,3 +71,8 @@ async def switch(db: Executor, id_hash: str, workspace_id: uuid.UUID) -> None:
 
 async def end(db: Executor, id_hash: str) -> None:
     await db.execute(_END, id_hash)
+
+
+async def end_all_for_user(db: Executor, user_id: uuid.UUID) -> None:
+    """Every dashboard sign-in of the user ends (a password change)."""
+    await db.execute(_END_ALL_FOR_USER, user_id)

@@ -1,11 +1,13 @@
-"""SQL for workspace invitations."""
+"""SQL for workspace invitations, and the bounds on how many a workspace sends and holds."""
 
 from __future__ import annotations
 
+import math
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.db.types import Executor
+from gateway.db.types import Connection, Executor
 from gateway.security.tokens import hash_token
 
 _COLUMNS = "i.id, i.email, i.role, i.status, i.invited_by, i.created_at, i.expires_at"
@@ -52,6 +54,74 @@ SELECT i.id, i.workspace_id, w.name AS workspace_name, i.email, i.role
 FROM invites i JOIN workspaces w ON w.id = i.workspace_id
 WHERE i.token_hash = $1 AND i.status = 'pending' AND i.expires_at > now()
 """
+
+
+# Held by the transaction that creates an invitation, so that invitations created at once
+# count each other (NO KEY: rows referring to the workspace are not held up).
+_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
+
+# Every invitation created in the last hour counts, revoked and replaced ones too: each was an
+# email. Of the newest `limit`, the oldest says when the window has room again.
+_SENT_LAST_HOUR = """
+SELECT count(*) AS sent,
+       extract(epoch FROM min(created_at) + interval '1 hour' - clock_timestamp()) AS frees_in
+FROM (
+    SELECT created_at FROM invites
+    WHERE workspace_id = $1 AND created_at > clock_timestamp() - interval '1 hour'
+    ORDER BY created_at DESC LIMIT $2
+) AS recent
+"""
+
+_COUNT_PENDING = """
+SELECT count(*) FROM invites
+WHERE workspace_id = $1 AND status = 'pending' AND expires_at > now()
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What a workspace may do: invitations held pending, and created per hour."""
+
+    max_pending: int
+    per_hour: int
+
+
+class TooManyPending(Exception):
+    """The workspace holds as many pending invitations as it may."""
+
+
+class SendingTooFast(Exception):
+    """The workspace sent as many invitations as it may this hour."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+async def replace(
+    conn: Connection,
+    bounds: Bounds,
+    invite_id: uuid.UUID,
+    workspace_id: uuid.UUID,
+    email: str,
+    role: str,
+    token_hash: str,
+    invited_by: uuid.UUID,
+    ttl_days: int,
+) -> dict[str, Any]:
+    """A new invitation in place of the email's pending one, in the caller's transaction,
+    within the workspace's bounds (SendingTooFast, TooManyPending otherwise)."""
+    await conn.execute(_LOCK_WORKSPACE, workspace_id)
+    recent = await conn.fetchrow(_SENT_LAST_HOUR, workspace_id, bounds.per_hour)
+    assert recent is not None
+    if recent["sent"] >= bounds.per_hour:
+        raise SendingTooFast(max(1, math.ceil(recent["frees_in"])))
+    await revoke_pending_for_email(conn, workspace_id, email)
+    if await conn.fetchval(_COUNT_PENDING, workspace_id) >= bounds.max_pending:
+        raise TooManyPending
+    return await insert(
+        conn, invite_id, workspace_id, email, role, token_hash, invited_by, ttl_days
+    )
 
 
 async def insert(

@@ -1,4 +1,5 @@
-"""SQL for refresh tokens: issue, rotate, and revoke a family on reuse."""
+"""SQL for refresh tokens: issue, rotate, revoke a family on reuse or logout, and every family
+of a user when their password changes."""
 
 from __future__ import annotations
 
@@ -26,6 +27,20 @@ WHERE revoked_at IS NULL AND family_id = (
 )
 """
 
+# Logout: the family of the token presented, whatever state that token is in (only its
+# holder can present it).
+_REVOKE_FAMILY = """
+UPDATE refresh_tokens SET revoked_at = now()
+WHERE revoked_at IS NULL AND family_id = (
+    SELECT family_id FROM refresh_tokens WHERE token_hash = $1
+)
+"""
+
+_REVOKE_USER = """
+UPDATE refresh_tokens SET revoked_at = now()
+WHERE user_id = $1 AND revoked_at IS NULL AND used_at IS NULL
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Session:
@@ -49,3 +64,13 @@ async def use(db: Executor, token_hash: str) -> Session | None:
 async def revoke_family_if_reused(db: Executor, token_hash: str) -> None:
     """An already-used token presented again is a sign of theft: end its whole session."""
     await db.execute(_REVOKE_FAMILY_OF, token_hash)
+
+
+async def revoke_family(db: Executor, token_hash: str) -> None:
+    """Logout: the token's session ends (an unknown token changes nothing)."""
+    await db.execute(_REVOKE_FAMILY, token_hash)
+
+
+async def revoke_all_for_user(db: Executor, user_id: uuid.UUID) -> None:
+    """Every session of the user ends (a password change)."""
+    await db.execute(_REVOKE_USER, user_id)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import errno
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Hashable, Mapping
 from http import HTTPStatus
 from types import TracebackType
 from typing import Any, Final, Literal, Self
@@ -60,6 +61,15 @@ _POST_ACCEPT: Final = "application/json, text/event-stream"
 _MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
 _MAX_ERROR_BODY_BYTES: Final = 64 * 1024
 _MAX_PAGES: Final = 100
+_MiB: Final = 1024 * 1024
+# A tool list, over all its pages: what is read of it at most, and how many tools it may have.
+MAX_TOOL_LIST_BYTES: Final = 8 * _MiB
+MAX_TOOLS: Final = 2000
+# What one tool list may take in memory, raw and parsed (estimated before parsing: parsed JSON
+# takes 4 to 30 times its size), and what a list may take without one of the few permits.
+MAX_TOOL_LIST_MEMORY: Final = 96 * _MiB
+FREE_TOOL_LIST_MEMORY: Final = 1 * _MiB
+TOOL_LIST_PERMITS: Final = 2
 _MAX_IDLE_RESUMES: Final = 2
 _DEFAULT_RETRY_MS: Final = 1000
 _MAX_RETRY_MS: Final = 5000
@@ -124,6 +134,177 @@ class UnsupportedTransport(McpError):
         )
 
 
+class ToolListTooLarge(McpError):
+    """The upstream's tool list is over a bound: its bytes, its tools, or its parsed size."""
+
+
+class ToolListMemory:
+    """How much of the tool lists it reads one process holds at once.
+
+    Each list has a hold on this (`hold(owner)`), which grows with what the list takes: its raw
+    bytes as they arrive, then an estimate of each page parsed, before it is parsed. A hold up to
+    `free` bytes needs nothing; beyond that it waits for one of `permits` permits, of which
+    one owner (a workspace) holds at most one, so one owner's gigantic lists cannot take them all.
+    No hold may grow past `limit`: that list is refused. So this process holds at most
+    `permits * limit` bytes of large lists, plus `free` bytes for each list being read.
+    """
+
+    def __init__(
+        self,
+        *,
+        permits: int = TOOL_LIST_PERMITS,
+        free: int = FREE_TOOL_LIST_MEMORY,
+        limit: int = MAX_TOOL_LIST_MEMORY,
+    ) -> None:
+        self.permits = permits
+        self.free = free
+        self.limit = limit
+        self._holders: set[Hashable] = set()
+        self._waiting: collections.deque[tuple[Hashable, asyncio.Future[None]]] = (
+            collections.deque()
+        )
+
+    def hold(self, owner: Hashable) -> ToolListHold:
+        """A new, empty hold for one list read for `owner`."""
+        return ToolListHold(self, owner)
+
+    @property
+    def in_use(self) -> int:
+        """Permits held now."""
+        return len(self._holders)
+
+    async def _acquire(self, owner: Hashable) -> None:
+        # Straight in, unless someone who could be let in is waiting already.
+        if self._grantable(owner) and not any(self._grantable(o) for o, _ in self._waiting):
+            self._holders.add(owner)
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append((owner, waiter))
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._release(owner)  # granted just as it was given up: pass it on
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove((owner, waiter))
+
+    def _release(self, owner: Hashable) -> None:
+        self._holders.discard(owner)
+        # First come, first served, passing over owners that hold a permit already.
+        for waiting in list(self._waiting):
+            if len(self._holders) >= self.permits:
+                break
+            waiting_owner, waiter = waiting
+            if waiter.done():
+                self._waiting.remove(waiting)
+            elif waiting_owner not in self._holders:
+                self._holders.add(waiting_owner)
+                waiter.set_result(None)
+                self._waiting.remove(waiting)
+
+    def _grantable(self, owner: Hashable) -> bool:
+        return len(self._holders) < self.permits and owner not in self._holders
+
+
+class ToolListHold:
+    """What one tool list being read takes of a `ToolListMemory`; `release()` when done."""
+
+    def __init__(self, memory: ToolListMemory, owner: Hashable) -> None:
+        self._memory = memory
+        self._owner = owner
+        self.bytes = 0
+        self.permitted = False
+
+    async def grow(self, nbytes: int) -> None:
+        """Take `nbytes` more, waiting for a permit if this crosses the free allowance."""
+        self.bytes += nbytes
+        if self.bytes > self._memory.limit:
+            raise ToolListTooLarge(
+                "the tool list is too large to read: it would take about "
+                f"{-(-self.bytes // _MiB)} MiB of memory once parsed, over the "
+                f"{self._memory.limit // _MiB} MiB the gateway allows one list"
+            )
+        if self.bytes > self._memory.free and not self.permitted:
+            await self._memory._acquire(self._owner)
+            self.permitted = True
+
+    def shrink(self, nbytes: int) -> None:
+        """Give back `nbytes` that are no longer held (e.g. raw bytes once parsed)."""
+        self.bytes = max(0, self.bytes - nbytes)
+
+    def release(self) -> None:
+        """Give everything back (idempotent)."""
+        self.bytes = 0
+        if self.permitted:
+            self.permitted = False
+            self._memory._release(self._owner)
+
+
+def parsed_size(raw: bytes | bytearray | str) -> int:
+    """An upper estimate of the memory `raw` JSON takes, raw and parsed, from cheap counts.
+
+    Measured on CPython 3.11 with orjson: an empty object takes about 72 bytes, any other
+    about 190, an array 64, each member or element 8 for its slot plus up to 24 for a number,
+    and each string about 50 besides its text. Counting is a few passes at memory speed (about
+    10 ms for 8 MiB); typical tool lists come out at about twice their real size, the most
+    compact hostile JSON (millions of tiny objects or unique keys) at about its real size.
+    """
+    if isinstance(raw, str):
+        empty = raw.count("{}")
+        objects = raw.count("{") - empty
+        arrays = raw.count("[")
+        members = raw.count(",") + raw.count(":")
+        strings = raw.count('"') // 2
+    else:
+        empty = raw.count(b"{}")
+        objects = raw.count(b"{") - empty
+        arrays = raw.count(b"[")
+        members = raw.count(b",") + raw.count(b":")
+        strings = raw.count(b'"') // 2
+    return len(raw) + 72 * empty + 190 * objects + 64 * arrays + 32 * members + 50 * strings
+
+
+class _ListReader:
+    """Reads the pages of one tool list within the list's bounds, its hold growing as it goes."""
+
+    def __init__(self, hold: ToolListHold) -> None:
+        self.hold = hold
+        self.received = 0  # bytes of every page so far
+        self._page = 0  # what the page being read holds (raw bytes, weighted)
+
+    async def take(self, resp: aiohttp.ClientResponse, nbytes: int, weight: int = 1) -> None:
+        """Count `nbytes` just received; past the bound the connection is dropped, unread."""
+        self.received += nbytes
+        if self.received > MAX_TOOL_LIST_BYTES:
+            resp.close()
+            raise ToolListTooLarge(f"the tool list exceeds {MAX_TOOL_LIST_BYTES // _MiB} MiB")
+        self._page += nbytes * weight
+        await self.hold.grow(nbytes * weight)
+
+    async def read_body(self, resp: aiohttp.ClientResponse) -> bytearray:
+        announced = resp.content_length
+        if announced is not None and self.received + announced > MAX_TOOL_LIST_BYTES:
+            resp.close()
+            raise ToolListTooLarge(f"the tool list exceeds {MAX_TOOL_LIST_BYTES // _MiB} MiB")
+        body = bytearray()
+        async for chunk in resp.content.iter_any():
+            await self.take(resp, len(chunk))
+            body += chunk
+        return body
+
+    async def parse(self, raw: bytes | bytearray | str, what: str) -> Any:
+        # Grown first: a page too costly to parse is refused before it takes the memory (and
+        # the event loop's time, which parsing takes in proportion).
+        await self.hold.grow(parsed_size(raw))
+        return _decode(raw, what)
+
+    def page_done(self) -> None:
+        self.hold.shrink(self._page)
+        self._page = 0
+
+
 class _SessionExpiredError(Exception):
     """The upstream forgot our session (404 to a request that carried Mcp-Session-Id)."""
 
@@ -135,6 +316,8 @@ class McpClient:
     `timeout` bounds each HTTP exchange (request plus the whole response or SSE stream).
     `mode="auto"` tries 2026-07-28 `server/discover` first and falls back to the
     `initialize` handshake; `mode="legacy"` goes straight to the handshake.
+    Tool lists are read within `memory` (the process's, shared by every client; without one,
+    only each list's own bounds hold), on behalf of `owner`.
     Not meant for concurrent use by several tasks.
     """
 
@@ -146,8 +329,12 @@ class McpClient:
         timeout: float,
         *,
         mode: ConnectMode = "auto",
+        memory: ToolListMemory | None = None,
+        owner: Hashable = None,
     ) -> None:
         self._http = http
+        self._memory = memory or ToolListMemory()
+        self._owner = owner
         self._url = url
         self._headers: CIMultiDict[str] = CIMultiDict(
             (name, value) for name, value in headers.items() if name.lower() not in _MANAGED_HEADERS
@@ -160,6 +347,8 @@ class McpClient:
         self._session_id: str | None = None
         self._server_info: dict[str, Any] | None = None
         self._capabilities: dict[str, Any] | None = None
+        # Each listed tool's inputSchema, and the Mcp-Param-* headers read from it on first use.
+        self._schemas: dict[str, Any] = {}
         self._param_headers: dict[str, dict[tuple[str, ...], str]] = {}
         parts = urlsplit(url)
         # Log and report the host only: a URL's query string may carry a token.
@@ -230,16 +419,34 @@ class McpClient:
                 "MCP session DELETE failed: %s", type(exc).__name__, extra={"upstream": self._where}
             )
 
-    async def list_tools(self) -> list[dict[str, Any]]:
-        """Every tool of the upstream, following `nextCursor` to the last page."""
+    async def list_tools(self, hold: ToolListHold | None = None) -> list[dict[str, Any]]:
+        """Every tool of the upstream, following `nextCursor` to the last page.
+
+        Bounded in total (MAX_TOOL_LIST_BYTES over every page, MAX_TOOLS tools, and the
+        memory it takes): past a bound, reading stops and `ToolListTooLarge` is raised. The
+        memory is held in `hold` if one is given (the caller releases it once done with the
+        list), else only while listing.
+        """
+        own = hold is None
+        reader = _ListReader(self._memory.hold(self._owner) if hold is None else hold)
+        try:
+            return await self._list_tools(reader)
+        finally:
+            if own:
+                reader.hold.release()
+
+    async def _list_tools(self, reader: _ListReader) -> list[dict[str, Any]]:
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         seen: set[str] = set()
         for _ in range(_MAX_PAGES):
-            result = await self._request("tools/list", {"cursor": cursor} if cursor else {})
+            params = {"cursor": cursor} if cursor else {}
+            result = await self._request("tools/list", params, reader)
             page = result.get("tools")
             if not isinstance(page, list) or not all(isinstance(tool, dict) for tool in page):
                 raise McpResponseError("tools/list result has no list of tool objects")
+            if len(tools) + len(page) > MAX_TOOLS:
+                raise ToolListTooLarge(f"the tool list has more than {MAX_TOOLS:,} tools")
             tools.extend(page)
             next_cursor = result.get("nextCursor")
             if not next_cursor:
@@ -252,11 +459,12 @@ class McpClient:
             cursor = next_cursor
         else:
             raise McpResponseError(f"tools/list did not finish within {_MAX_PAGES} pages")
-        self._param_headers = {
-            tool["name"]: _param_header_map(tool.get("inputSchema"))
+        self._schemas = {
+            tool["name"]: tool.get("inputSchema")
             for tool in tools
             if isinstance(tool.get("name"), str)
         }
+        self._param_headers = {}
         return tools
 
     async def call_tool(
@@ -333,16 +541,18 @@ class McpClient:
         self._server_info = info if isinstance(info, dict) else None
         await self._notify("notifications/initialized")
 
-    async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _request(
+        self, method: str, params: dict[str, Any], reader: _ListReader | None = None
+    ) -> dict[str, Any]:
         """One request after connecting; a single fresh handshake if the session expired."""
         try:
-            result, _ = await self._exchange(method, params)
+            result, _ = await self._exchange(method, params, reader)
             return result
         except _SessionExpiredError:
             log.info("MCP session expired, handshaking again", extra={"upstream": self._where})
         await self._handshake()
         try:
-            result, _ = await self._exchange(method, params)
+            result, _ = await self._exchange(method, params, reader)
         except _SessionExpiredError:
             raise McpHttpError(
                 404, "Not Found", "session expired again right after a new handshake"
@@ -350,9 +560,11 @@ class McpClient:
         return result
 
     async def _exchange(
-        self, method: str, params: dict[str, Any]
+        self, method: str, params: dict[str, Any], reader: _ListReader | None = None
     ) -> tuple[dict[str, Any], str | None]:
-        """POST one request; return its result and the `Mcp-Session-Id` of the response."""
+        """POST one request; return its result and the `Mcp-Session-Id` of the response.
+
+        With a `reader`, the response is a page of a tool list, read within its bounds."""
         self._next_id += 1
         request_id = self._next_id
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
@@ -371,13 +583,18 @@ class McpClient:
             if not 200 <= resp.status < 300:
                 raise await self._status_error(resp, request_id)
             if resp.content_type == "text/event-stream":
-                reply = await self._read_sse(resp, request_id)
+                reply = await self._read_sse(resp, request_id, reader)
             elif resp.content_type == "application/json" or resp.content_type.endswith("+json"):
-                reply = _decode(await _read_capped(resp, _MAX_MESSAGE_BYTES), "response body")
+                if reader is None:
+                    reply = _decode(await _read_capped(resp, _MAX_MESSAGE_BYTES), "response body")
+                else:
+                    reply = await reader.parse(await reader.read_body(resp), "response body")
             else:
                 raise McpResponseError(
                     f"unexpected Content-Type {resp.content_type!r} for {method}"
                 )
+            if reader is not None:
+                reader.page_done()
             return _result_of(reply, request_id), resp.headers.get("Mcp-Session-Id")
 
     async def _notify(self, method: str) -> None:
@@ -392,10 +609,12 @@ class McpClient:
             if not 200 <= resp.status < 300:
                 raise McpHttpError(resp.status, resp.reason, f"upstream refused {method}")
 
-    async def _read_sse(self, resp: aiohttp.ClientResponse, request_id: int) -> Any:
+    async def _read_sse(
+        self, resp: aiohttp.ClientResponse, request_id: int, reader: _ListReader | None
+    ) -> Any:
         """The answer to `request_id` from an SSE stream; resumes with Last-Event-ID if cut off."""
         parser = SseParser(_MAX_MESSAGE_BYTES)
-        reply = await _scan_sse(resp, parser, request_id)
+        reply = await _scan_sse(resp, parser, request_id, reader)
         last_id, retry_ms, idle = parser.last_event_id, parser.retry_ms, 0
         # 2025-11-25 servers may end a POST's stream early (polling) and expect a GET to resume it.
         while reply is None:
@@ -413,7 +632,7 @@ class McpClient:
                 if again.content_type != "text/event-stream":
                     raise McpResponseError("resuming the SSE stream did not return an event stream")
                 parser = SseParser(_MAX_MESSAGE_BYTES)
-                reply = await _scan_sse(again, parser, request_id)
+                reply = await _scan_sse(again, parser, request_id, reader)
             idle = 0 if parser.last_event_id not in (None, last_id) else idle + 1
             last_id = parser.last_event_id or last_id
             retry_ms = parser.retry_ms or retry_ms
@@ -493,6 +712,15 @@ class McpClient:
         except SseError as exc:
             raise McpResponseError(str(exc)) from exc
 
+    def _header_map(self, name: str) -> dict[tuple[str, ...], str]:
+        # Read from the schema when first needed: walking every schema of a large list at
+        # once would hold the event loop for nothing.
+        found = self._param_headers.get(name)
+        if found is None:
+            found = _param_header_map(self._schemas.get(name))
+            self._param_headers[name] = found
+        return found
+
     def _envelope(self) -> dict[str, Any]:
         return {
             _META_PROTOCOL_VERSION: self._protocol_version,
@@ -522,18 +750,26 @@ class McpClient:
                 headers["Mcp-Name"] = _header_value(name)
             arguments = params.get("arguments")
             if method == "tools/call" and isinstance(name, str) and isinstance(arguments, Mapping):
-                headers.update(_param_headers(self._param_headers.get(name, {}), arguments))
+                headers.update(_param_headers(self._header_map(name), arguments))
         return headers
 
 
-async def _scan_sse(resp: aiohttp.ClientResponse, parser: SseParser, request_id: int) -> Any:
+async def _scan_sse(
+    resp: aiohttp.ClientResponse, parser: SseParser, request_id: int, reader: _ListReader | None
+) -> Any:
     """Read events until the one answering `request_id`; None if the stream ends first."""
     async for chunk in resp.content.iter_any():
+        if reader is not None:
+            # Held twice until parsed: in the parser's buffer, and as the event's text.
+            await reader.take(resp, len(chunk), weight=2)
         for event in parser.feed(chunk):
             # Empty priming events and non-message events carry nothing for us.
             if event.event != "message" or not event.data.strip():
                 continue
-            message = _decode(event.data.encode(), "SSE event")
+            if reader is None:
+                message = _decode(event.data.encode(), "SSE event")
+            else:
+                message = await reader.parse(event.data, "SSE event")
             # Progress and log notifications, and server-to-client requests, are skipped.
             if (
                 isinstance(message, dict)
@@ -559,7 +795,7 @@ async def _read_capped(
     return bytes(body)
 
 
-def _decode(raw: bytes, what: str) -> Any:
+def _decode(raw: bytes | bytearray | str, what: str) -> Any:
     if not raw.strip():
         raise McpResponseError(f"empty {what}")
     try:

@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from gateway.mcp.client import McpClient, McpError, McpRpcError
+from gateway.mcp.client import McpClient, McpError, McpRpcError, ToolListMemory, ToolListTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -50,23 +50,28 @@ async def probe(
     *,
     timeout: float,  # noqa: ASYNC109 -- a bound on the whole probe, part of its contract
     degraded_ms: float,
+    memory: ToolListMemory | None = None,
+    owner: Hashable = None,
 ) -> ProbeResult:
     """Connect (server/discover or the handshake) and list tools, all within `timeout` seconds.
 
-    Never raises for upstream problems: they become a `down` or `degraded` result.
+    Never raises for upstream problems: they become a `down` or `degraded` result. The tool
+    list is read within `memory` (the process's) for `owner` (the server's workspace); a list
+    over its bounds (see McpClient.list_tools) is `degraded`: the server answers, but not with
+    a list the gateway will read.
     """
     started = time.perf_counter()
 
     def elapsed_ms() -> float:
         return round((time.perf_counter() - started) * 1000, 3)
 
-    client = McpClient(http, url, headers, timeout)
+    client = McpClient(http, url, headers, timeout, memory=memory, owner=owner)
     try:
         try:
             async with asyncio.timeout(timeout):
                 await client.connect()
                 tools = await client.list_tools()
-        except McpRpcError as exc:
+        except (McpRpcError, ToolListTooLarge) as exc:
             # It answered in JSON-RPC, so it is up, but it cannot serve what we asked.
             result = ProbeResult(DEGRADED, elapsed_ms(), str(exc), None, None)
         except McpError as exc:

@@ -18,6 +18,9 @@ _NOT_IN_A_SCHEMA = (
     # clock and GATEWAY_TOOL_CALL_RETENTION_DAYS (stated in created_at's description).
     "is older than the tool call retention",
     "is more than 1 hour in the future",
+    # A workspace's (or a user's) bounds on what it may hold: the count is not in the request.
+    "the most it may have",
+    "the most this gateway allows",
 )
 
 

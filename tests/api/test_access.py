@@ -17,10 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.keys import SETTINGS
+from gateway.security.tokens import (
+    EMAIL_VERIFICATION_TTL_SECONDS,
+    EmailClaims,
+    issue_email_token,
+)
 from tests.alerting import add_rule, add_server, evaluate, ingest
 from tests.support import Account, Api, Credential
 
@@ -179,6 +186,20 @@ async def refresh_body(w: World, caller: str) -> dict[str, str]:
     return {"refresh_token": login.body["refresh_token"]}
 
 
+async def password_body(w: World, caller: str) -> dict[str, str]:
+    """The same password again: it still ends the caller's other sessions, and later rows
+    log in as before."""
+    return {"current_password": w.password, "new_password": w.password}
+
+
+async def verification_body(w: World, caller: str) -> dict[str, str]:
+    """The token a verification email to the caller's own address would carry."""
+    account = w.account(caller)
+    claims = EmailClaims(uuid.UUID(account.user_id), account.email)
+    secret = w.api.app[SETTINGS].jwt_secret
+    return {"token": issue_email_token(secret, claims, EMAIL_VERIFICATION_TTL_SECONDS)}
+
+
 async def switch_body(w: World, caller: str) -> dict[str, str]:
     return {"workspace_id": w.ws}
 
@@ -230,6 +251,11 @@ ROWS: dict[tuple[str, str], Row] = {
     ("POST", "/auth/signup"): R((201, 403, 201, 201, 201, 201), body=signup_body),
     ("POST", "/auth/login"): R((200, 403, 200, 200, 200, 200), body=login_body),
     ("POST", "/auth/refresh"): R((200, 403, 200, 200, 200, 200), body=refresh_body),
+    ("POST", "/auth/logout"): R((204, 403, 204, 204, 204, 204), body=refresh_body),
+    ("POST", "/auth/change-password"): R((401, 403, 200, 200, 200, 200), body=password_body),
+    ("POST", "/auth/verify-email"): R((401, 403, 200, 200, 200, 200), body=verification_body),
+    # 400: this gateway sends no email (no SMTP_URL), so there is nothing to send with.
+    ("POST", "/auth/verify-email/send"): R((401, 403, 400, 400, 400, 400)),
     ("GET", "/auth/me"): R((401, 403, 200, 200, 200, 200)),
     ("POST", "/auth/switch-workspace"): R((401, 403, 404, 200, 200, 200), body=switch_body),
     ("POST", "/auth/accept-invite/{token}"): R(

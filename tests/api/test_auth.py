@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import jwt
 
 from gateway.keys import SETTINGS
-from gateway.security.tokens import AccessClaims, issue_access_token
+from gateway.security.tokens import (
+    AccessClaims,
+    EmailClaims,
+    issue_access_token,
+    issue_email_token,
+)
 from tests.conftest import AppFactory
+from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
 from tests.support import Account, Api
 
 
@@ -293,17 +299,20 @@ async def test_me_shows_current_workspace_workspaces_and_pending_invites(api: Ap
     assert me.body["current_workspace"]["role"] == "owner"
     [personal] = me.body["workspaces"]
     assert personal == {**me.body["current_workspace"], "is_personal": True}
+    assert me.body["email_verified"] is False
     [pending] = me.body["pending_invites"]
     assert pending["id"] == invite["id"]
-    assert pending["token"] == token_of(invite)
+    # Signing up with an address proves nothing: no token until the address is verified.
+    assert pending["token"] is None
     assert pending["workspace_id"] == owner.workspace_id
     assert pending["workspace_name"] == "Acme"
     assert pending["role"] == "admin"
     assert pending["invited_by"] == owner.user_id
     assert pending["expires_at"] == invite["expires_at"]
 
-    # Once accepted, the invitation leaves the list and the workspace joins it.
-    await api.post(f"/auth/accept-invite/{pending['token']}", auth=ada, expect=200)
+    # Once accepted (with the emailed link), the invitation leaves the list and the workspace
+    # joins it.
+    await api.post(f"/auth/accept-invite/{token_of(invite)}", auth=ada, expect=200)
     me = await api.get("/auth/me", auth=ada, expect=200)
     assert me.body["pending_invites"] == []
     assert {(w["id"], w["role"], w["is_personal"]) for w in me.body["workspaces"]} == {
@@ -506,3 +515,233 @@ async def test_signup_policy(make_api: AppFactory) -> None:
         "/auth/signup", json={**body, "invite_token": token}, expect=201
     )
     assert created.body["workspace"]["id"] == owner.workspace_id
+
+
+# -- invitation takeover: only whoever controls the address accepts ------------------------
+
+
+async def test_someone_who_signs_up_with_an_invited_address_gets_no_token_and_cannot_join(
+    api: Api,
+) -> None:
+    """The attack: with open signup, whoever signs up first with an invited address used to
+    read the invitation's token in /auth/me and join in the invited role (admin included)."""
+    owner = await api.org(await api.signup(name="Olga"), name="Acme")
+    invite = await api.invite(owner, "ada@example.com", role="admin")
+    mallory = await api.signup("ada@example.com", name="Not Ada")
+
+    me = await api.get("/auth/me", auth=mallory, expect=200)
+    assert me.body["email_verified"] is False
+    [pending] = me.body["pending_invites"]
+    assert pending == {
+        "id": invite["id"],
+        "token": None,
+        "workspace_id": owner.workspace_id,
+        "workspace_name": "Acme",
+        "role": "admin",
+        "invited_by": owner.user_id,
+        "created_at": invite["created_at"],
+        "expires_at": invite["expires_at"],
+    }
+    assert token_of(invite) not in str(me.body)
+    # No other way to the token: guessing is 404, and the address cannot be verified without
+    # the gateway emailing it (no SMTP_URL here).
+    await api.post(f"/auth/accept-invite/{'x' * 43}", auth=mallory, expect=404)
+    reply = await api.post("/auth/verify-email/send", auth=mallory, expect=400)
+    assert "SMTP_URL" in reply.detail
+    forged = issue_email_token("another-secret-" + "x" * 40, EmailClaims(_uid(mallory), _ADA), 60)
+    await api.post("/auth/verify-email", json={"token": forged}, auth=mallory, expect=400)
+
+    members = await api.get(f"/workspaces/{owner.workspace_id}/members", auth=owner, expect=200)
+    assert mallory.user_id not in {m["user_id"] for m in members.body}
+    pending_list = await api.get(f"/workspaces/{owner.workspace_id}/invites", auth=owner)
+    assert [i["id"] for i in pending_list.body] == [invite["id"]]
+
+
+async def test_the_emailed_verification_link_verifies_the_address_and_shows_the_tokens(
+    make_api: AppFactory, smtp: Inbox
+) -> None:
+    api = await make_api(smtp_url=smtp.url)
+    owner = await api.org(await api.signup(name="Olga"), name="Acme")
+    invite = await api.invite(owner, "ada@example.com", role="admin")
+    ada = await api.signup("ada@example.com", name="Ada")
+    me = await api.get("/auth/me", auth=ada, expect=200)
+    assert me.body["email_verified"] is False
+    assert me.body["pending_invites"][0]["token"] is None
+
+    # Signup emailed the link to the address (and only there).
+    [invitation, verification] = await smtp.received(api, "ada@example.com")
+    assert invite["invite_url"] in invitation.body
+    token = verification.link("/verify-email")
+    reply = await api.post("/auth/verify-email", json={"token": token}, auth=ada, expect=200)
+    assert reply.body["email_verified"] is True
+    [pending] = reply.body["pending_invites"]
+    assert pending["token"] == token_of(invite)
+    me = await api.get("/auth/me", auth=ada, expect=200)
+    assert me.body == reply.body
+    # Verifying again is harmless; the token shown accepts the invitation.
+    await api.post("/auth/verify-email", json={"token": token}, auth=ada, expect=200)
+    joined = await api.post(f"/auth/accept-invite/{pending['token']}", auth=ada, expect=200)
+    assert (joined.body["workspace"]["id"], joined.body["workspace"]["role"]) == (
+        owner.workspace_id,
+        "admin",
+    )
+    reply = await api.post("/auth/verify-email/send", auth=ada, expect=400)
+    assert "already verified" in reply.detail
+
+
+async def test_a_verification_link_works_only_for_the_account_it_was_sent_for(
+    make_api: AppFactory, smtp: Inbox
+) -> None:
+    """Mallory signs up with Ada's address, so the link reaches Ada: Ada clicking it (signed in
+    to her own account, or not at all) must not verify Mallory's account."""
+    api = await make_api(smtp_url=smtp.url)
+    mallory = await api.signup(_ADA)
+    [mail] = await smtp.received(api, _ADA)
+    token = mail.link("/verify-email")
+    ada = await api.signup("ada@another.example")
+    reply = await api.post("/auth/verify-email", json={"token": token}, auth=ada, expect=403)
+    assert "another account" in reply.detail
+    await api.post("/auth/verify-email", json={"token": token}, expect=401)
+    me = await api.get("/auth/me", auth=mallory, expect=200)
+    assert me.body["email_verified"] is False
+
+    # Bound to its purpose: it is not an access token, nor is an access token one of these.
+    await api.get("/auth/me", headers={"Authorization": f"Bearer {token}"}, expect=401)
+    reply = await api.post(
+        "/auth/verify-email", json={"token": mallory.access_token}, auth=mallory, expect=400
+    )
+    assert "not valid" in reply.detail
+    # And expiring.
+    secret = api.app[SETTINGS].jwt_secret
+    expired = issue_email_token(secret, EmailClaims(_uid(mallory), _ADA), -1)
+    reply = await api.post("/auth/verify-email", json={"token": expired}, auth=mallory)
+    assert reply.status == 400 and "expired" in reply.detail
+    # A link made for another address of the account verifies nothing.
+    elsewhere = issue_email_token(secret, EmailClaims(_uid(mallory), "old@example.com"), 60)
+    await api.post("/auth/verify-email", json={"token": elsewhere}, auth=mallory, expect=400)
+    me = await api.get("/auth/me", auth=mallory, expect=200)
+    assert me.body["email_verified"] is False
+
+
+async def test_verification_emails_are_rate_limited_per_address(
+    make_api: AppFactory, smtp: Inbox
+) -> None:
+    """Each goes to an address anyone may type at signup: three an hour, signup's included."""
+    api = await make_api(smtp_url=smtp.url)
+    ada = await api.signup(_ADA)
+    for _ in range(2):
+        sent = await api.post("/auth/verify-email/send", auth=ada, expect=200)
+        assert sent.body["email"] == _ADA
+        assert _parse(sent.body["expires_at"]) > datetime.now(UTC) + timedelta(hours=23)
+    reply = await api.post("/auth/verify-email/send", auth=ada, expect=429)
+    assert 0 < int(reply.headers["Retry-After"]) <= 3600
+    mails = await smtp.received(api, _ADA)
+    assert len(mails) == 3
+    # Every link works (the last one here).
+    token = mails[-1].link("/verify-email")
+    await api.post("/auth/verify-email", json={"token": token}, auth=ada, expect=200)
+
+
+# -- logout and password change ------------------------------------------------------------
+
+
+async def test_logout_ends_the_refresh_family(api: Api) -> None:
+    ada = await api.signup()
+    phone = await api.post(
+        "/auth/login", json={"email": ada.email, "password": "password123"}, expect=200
+    )
+    rotated = await api.post("/auth/refresh", json={"refresh_token": ada.refresh_token}, expect=200)
+    await api.post(
+        "/auth/logout", json={"refresh_token": rotated.body["refresh_token"]}, expect=204
+    )
+    for ended in (rotated.body["refresh_token"], ada.refresh_token):
+        await api.post("/auth/refresh", json={"refresh_token": ended}, expect=401)
+    # Another session of the same user goes on.
+    await api.post("/auth/refresh", json={"refresh_token": phone.body["refresh_token"]}, expect=200)
+    # Nothing to end is no error; a body is needed; API keys manage no accounts.
+    await api.post("/auth/logout", json={"refresh_token": "no-such-token"}, expect=204)
+    reply = await api.post("/auth/logout", json={}, expect=422)
+    assert reply.detail.startswith("body.refresh_token:")
+    owner = await api.org(ada.scoped(phone.body))
+    await api.post(
+        "/auth/logout", json={"refresh_token": "x"}, auth=await api.api_key(owner), expect=403
+    )
+
+
+async def test_a_password_change_ends_every_session_and_the_new_password_works(
+    api: Api,
+) -> None:
+    ada = await api.signup(_ADA)
+    org = await api.org(ada)
+    laptop = await api.post("/auth/login", json={"email": _ADA, "password": "password123"})
+
+    reply = await api.post(
+        "/auth/change-password",
+        json={"current_password": "wrong password", "new_password": "new password 1"},
+        auth=org,
+        expect=403,
+    )
+    assert "current_password" in reply.detail
+    await api.post("/auth/refresh", json={"refresh_token": ada.refresh_token}, expect=200)
+
+    changed = await api.post(
+        "/auth/change-password",
+        json={"current_password": "password123", "new_password": "new password 1"},
+        auth=org,
+        expect=200,
+    )
+    # The caller stays signed in, in the workspace they were in.
+    assert changed.body["workspace"]["id"] == org.workspace_id
+    assert changed.body["user"]["id"] == ada.user_id
+    for ended in (org.refresh_token, laptop.body["refresh_token"]):
+        await api.post("/auth/refresh", json={"refresh_token": ended}, expect=401)
+    fresh = await api.post(
+        "/auth/refresh", json={"refresh_token": changed.body["refresh_token"]}, expect=200
+    )
+    await api.get("/auth/me", auth=org.scoped(fresh.body), expect=200)
+    old = {"email": _ADA, "password": "password123"}
+    await api.post("/auth/login", json=old, expect=401)
+    await api.post("/auth/login", json={**old, "password": "new password 1"}, expect=200)
+
+    reply = await api.post(
+        "/auth/change-password",
+        json={"current_password": "new password 1", "new_password": "short"},
+        auth=org,
+        expect=422,
+    )
+    assert reply.detail.startswith("body.new_password:")
+
+
+async def test_password_change_attempts_are_rate_limited_like_logins(
+    make_api: AppFactory,
+) -> None:
+    api = await make_api(auth_rate_limit="3/minute")
+    ada = await api.signup()  # one attempt of the three
+    body = {"current_password": "guess one", "new_password": "new password 1"}
+    for _ in range(2):
+        await api.post("/auth/change-password", json=body, auth=ada, expect=403)
+    reply = await api.post(
+        "/auth/change-password",
+        json={**body, "current_password": "password123"},
+        auth=ada,
+        expect=429,
+    )
+    assert int(reply.headers["Retry-After"]) > 0
+
+
+async def test_names_with_control_characters_are_refused_naming_the_field(api: Api) -> None:
+    for name in ("Ada\r\nBcc: victim@example.com", "Ada\nLovelace", "Ada\tL", "Ada\x85L"):
+        body = {"email": "ada@example.com", "password": "password123", "name": name}
+        reply = await api.post("/auth/signup", json=body, expect=422)
+        assert reply.detail.startswith("body.name:") and "control" in reply.detail
+    # Blanks around a name are still trimmed away, line breaks included.
+    ada = await api.signup(_ADA, name="  Ada Lovelace\n")
+    me = await api.get("/auth/me", auth=ada, expect=200)
+    assert me.body["name"] == "Ada Lovelace"
+
+
+_ADA = "ada@example.com"
+
+
+def _uid(account: Account) -> uuid.UUID:
+    return uuid.UUID(account.user_id)

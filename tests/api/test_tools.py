@@ -13,9 +13,20 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.keys import CACHES, SHARED_CACHE, TOOL_LISTS
+from gateway.keys import CACHES, SHARED_CACHE, TOOL_LIST_MEMORY, TOOL_LISTS
+from gateway.mcp.client import McpClient
 from tests.alerting import add_server
 from tests.conftest import AppFactory
+from tests.hostile import (
+    MiB,
+    any_of_chain,
+    catastrophic_pattern,
+    distinct_objects,
+    hostile_lister,
+    ref_loop,
+    schema_tool,
+    unique_objects,
+)
 from tests.sdk_server import build_server
 from tests.support import Account, Api, Credential, Reply
 from tests.upstreams import (
@@ -196,7 +207,7 @@ async def test_with_redis_processes_share_the_list_and_its_drop(
         await tools(a, server_id, owner)
         assert (await tools(b, server_id, owner)).body["cached"] is True
     finally:
-        await a.app[SHARED_CACHE].delete(f"tool_list:{server_id}")
+        await a.app[SHARED_CACHE].delete(f"tool_list_json:{server_id}")
 
 
 async def test_a_drop_in_one_process_reaches_the_memory_of_another(
@@ -360,6 +371,8 @@ async def test_invoke_calls_the_tool_and_logs_the_call(
     answer = reply.body
     assert answer["status"] == "success"
     assert answer["error_message"] is None
+    assert answer["arguments_checked"] is True
+    assert answer["arguments_unchecked_reason"] is None
     assert answer["result"]["content"] == [{"type": "text", "text": "5"}]
     assert answer["result"]["structuredContent"] == {"result": 5}
     assert answer["result"].get("isError") is False
@@ -396,6 +409,8 @@ async def test_an_unreachable_server_is_a_logged_error_not_an_http_error(api: Ap
     assert answer["status"] == "error"
     assert answer["result"] is None
     assert "connection refused" in answer["error_message"]
+    assert answer["arguments_checked"] is False
+    assert answer["arguments_unchecked_reason"] == "the server's tool list could not be read"
     [row] = await logged(api, owner, server_id)
     assert (row["id"], row["tool_name"]) == (answer["tool_call_id"], "echo")
     assert (row["status"], row["error_message"]) == ("error", answer["error_message"])
@@ -442,8 +457,8 @@ async def test_arguments_that_break_the_schema_are_422_and_not_called(
 ) -> None:
     owner, server_id = await setup(api, sdk_json_url)
     reply = await invoke(api, server_id, owner, "add", {"a": "two"}, expect=422)
-    assert "body.arguments.a: 'two' is not of type 'integer'" in reply.detail
-    assert "body.arguments: 'b' is a required property" in reply.detail
+    assert 'body.arguments.a: "two" is not of type "integer"' in reply.detail
+    assert 'body.arguments: "b" is a required property' in reply.detail
     reply = await invoke(api, server_id, owner, "add", ["not", "an", "object"], expect=422)
     assert "body.arguments" in reply.detail
     assert await logged(api, owner, server_id) == []
@@ -464,6 +479,153 @@ async def test_invoke_uses_the_tool_list_of_the_cache(api: Api) -> None:
         await invoke(api, server_id, owner, "bravo", {"x": "b"})
     assert fake.rpc_methods().count("tools/list") == 1
     assert fake.rpc_methods().count("tools/call") == 2
+
+
+# -- hostile upstreams -----------------------------------------------------------------------
+
+
+class Bystander:
+    """Another tenant going about its business: its own server list, and a tools/call
+    through the proxy to its own (SDK) server, each timed."""
+
+    def __init__(self, api: Api, account: Account, key: str, server_id: str) -> None:
+        self.api = api
+        self.account = account
+        self.key = key
+        self.url = str(api.client.make_url(f"/api/v1/proxy/{server_id}/mcp"))
+        self.latencies: list[float] = []
+
+    @classmethod
+    async def arrive(cls, api: Api, sdk_url: str) -> Bystander:
+        account = await api.signup()
+        key = await api.api_key(account)
+        server_id = await add_server(api, account, "bystander", sdk_url)
+        return cls(api, account, key, server_id)
+
+    async def busy_while(self, attack: asyncio.Task[Any]) -> None:
+        """Requests one after another until the attack is over (one round at least)."""
+        async with McpClient(self.api.client.session, self.url, {"X-API-Key": self.key}, 10) as mcp:
+            while True:
+                started = time.perf_counter()
+                await self.api.get("/servers", auth=self.account, expect=200)
+                self.latencies.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                result = await mcp.call_tool("add", {"a": 2, "b": 3})
+                self.latencies.append(time.perf_counter() - started)
+                assert result["structuredContent"] == {"result": 5}
+                if attack.done():
+                    return
+                await asyncio.sleep(0.02)
+
+
+HOSTILE_SCHEMAS = {
+    # name: (schema, arguments, HTTP status, arguments_checked)
+    "pattern-28-chars-rejected": (catastrophic_pattern(), {"text": "a" * 28 + "!"}, 422, None),
+    "pattern-28-chars-matched": (catastrophic_pattern(), {"text": "a" * 28}, 200, True),
+    "any-of-chain": (any_of_chain(), {"value": "not a number"}, 200, False),
+    "unique-3000-objects": (unique_objects(), {"items": distinct_objects(3000)}, 200, True),
+    "ref-loop": (ref_loop(), {"value": {"x": 1}}, 200, True),
+}
+
+
+@pytest.mark.parametrize("attack", HOSTILE_SCHEMAS)
+async def test_hostile_schemas_are_answered_while_other_tenants_stay_under_a_second(
+    api: Api, sdk_json_url: str, attack: str
+) -> None:
+    schema, arguments, status, checked = HOSTILE_SCHEMAS[attack]
+    async with fake_upstream(tools=[schema_tool("hostile", schema)]) as fake:
+        owner, server_id = await setup(api, fake.url)
+        await tools(api, server_id, owner)
+        bystander = await Bystander.arrive(api, sdk_json_url)
+        invoking = asyncio.create_task(
+            invoke(api, server_id, owner, "hostile", arguments, expect=status)
+        )
+        await bystander.busy_while(invoking)
+        reply = await invoking
+    assert reply.status == status, reply.body
+    assert max(bystander.latencies) < 1.0, bystander.latencies
+    calls = fake.rpc_methods().count("tools/call")
+    if status == 422:
+        assert reply.detail == (f'body.arguments.text: "{"a" * 28}!" does not match "^(a+)+$"')
+        assert calls == 0
+        assert await logged(api, owner, server_id) == []
+        return
+    assert reply.body["status"] == "success"
+    assert reply.body["arguments_checked"] is checked
+    if checked:
+        assert reply.body["arguments_unchecked_reason"] is None
+    else:  # not enforced: the call went on, and the answer says why
+        assert reply.body["arguments_unchecked_reason"] == "checking took longer than 1 s"
+    assert calls == 1
+    assert [row["tool_name"] for row in await logged(api, owner, server_id)] == ["hostile"]
+
+
+async def test_a_schema_that_cannot_be_used_is_not_enforced_and_says_why(api: Api) -> None:
+    remote = {"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/s.json"}}}
+    tools_ = [schema_tool("remote", remote), schema_tool("broken", {"type": 12})]
+    async with fake_upstream(tools=tools_) as fake:
+        owner, server_id = await setup(api, fake.url)
+        remote_answer = (await invoke(api, server_id, owner, "remote", {"a": 1})).body
+        broken_answer = (await invoke(api, server_id, owner, "broken", {})).body
+    assert remote_answer["status"] == "success"
+    assert remote_answer["arguments_checked"] is False
+    assert remote_answer["arguments_unchecked_reason"] == (
+        "the inputSchema refers to another document ($ref), which the gateway does not fetch"
+    )
+    assert broken_answer["arguments_checked"] is False
+    assert broken_answer["arguments_unchecked_reason"].startswith(
+        "the inputSchema is not a valid JSON Schema: "
+    )
+    assert fake.rpc_methods().count("tools/call") == 2
+
+
+GIGANTIC_LISTS = {
+    "100-mb": ({"page_bytes": 100 * MiB}, "the tool list exceeds 8 MiB"),
+    "100-mb-sse": ({"page_bytes": 100 * MiB, "sse": True}, "the tool list exceeds 8 MiB"),
+    "many-pages": (
+        {"page_bytes": 1 * MiB, "pages": 50, "tool_bytes": 8192},
+        "the tool list exceeds 8 MiB",
+    ),
+    "2001-tools": ({"tool_count": 2001}, "the tool list has more than 2,000 tools"),
+}
+
+
+@pytest.mark.parametrize("attack", GIGANTIC_LISTS)
+async def test_a_gigantic_tool_list_is_502_while_other_tenants_stay_under_a_second(
+    api: Api, sdk_json_url: str, attack: str
+) -> None:
+    behaviour, reason = GIGANTIC_LISTS[attack]
+    detail = f"cannot list the server's tools: {reason}"
+    async with hostile_lister(**behaviour) as lister:
+        owner, server_id = await setup(api, lister.url)
+        bystander = await Bystander.arrive(api, sdk_json_url)
+        listing = asyncio.create_task(tools(api, server_id, owner, expect=502))
+        await bystander.busy_while(listing)
+        assert (await listing).detail == detail
+        assert max(bystander.latencies) < 1.0, bystander.latencies
+
+        answer = (await invoke(api, server_id, owner, "tool_1", {})).body
+        assert (answer["status"], answer["error_message"]) == ("error", detail)
+        assert answer["arguments_checked"] is False
+
+        check = (await api.post(f"/servers/{server_id}/probe", auth=owner, expect=200)).body
+        assert (check["status"], check["error"]) == ("degraded", reason)
+    assert api.app[TOOL_LIST_MEMORY].in_use == 0
+
+
+async def test_a_large_list_within_the_bounds_is_served_and_its_memory_given_back(
+    api: Api,
+) -> None:
+    """Over the free allowance, so it takes a permit while read, and while it is in use."""
+    async with hostile_lister(page_bytes=3 * MiB, tool_bytes=8192) as lister:
+        owner, server_id = await setup(api, lister.url)
+        fetched = (await tools(api, server_id, owner)).body
+        assert api.app[TOOL_LIST_MEMORY].in_use == 0
+        cached = (await tools(api, server_id, owner)).body
+        assert api.app[TOOL_LIST_MEMORY].in_use == 0
+    assert (fetched["cached"], cached["cached"]) == (False, True)
+    assert len(fetched["tools"]) == 384
+    assert cached["tools"] == fetched["tools"]
 
 
 # -- who may do what -------------------------------------------------------------------------

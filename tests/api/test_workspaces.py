@@ -13,7 +13,9 @@ import asyncpg
 import pytest
 
 from gateway.keys import AUTHENTICATOR, CACHES
-from tests.support import Api
+from tests.conftest import AppFactory
+from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
+from tests.support import Api, Reply
 
 
 async def own_invalidation_only(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -421,3 +423,196 @@ async def test_api_keys_are_refused_on_account_and_workspace_endpoints(api: Api)
     # The bearer token wins when both are sent.
     both = await api.get("/auth/me", auth=owner, headers={"X-API-Key": key}, expect=200)
     assert both.body["id"] == owner.user_id
+
+
+# -- bounds: what one workspace (or user) may create ----------------------------------------
+
+
+async def _burst(api: Api, count: int, method: str, path: str, **kw: Any) -> list[Reply]:
+    """`count` identical requests at once (bodies from `body(i)` when given)."""
+    make_body = kw.pop("body", None)
+    return list(
+        await asyncio.gather(
+            *(
+                api.request(method, path, json=make_body(i) if make_body else None, **kw)
+                for i in range(count)
+            )
+        )
+    )
+
+
+def _statuses(replies: list[Reply]) -> dict[int, int]:
+    counted: dict[int, int] = {}
+    for reply in replies:
+        counted[reply.status] = counted.get(reply.status, 0) + 1
+    return counted
+
+
+async def test_a_burst_of_invitations_stops_at_the_hourly_bound_with_retry_after(
+    make_api: AppFactory, smtp: Inbox, db: asyncpg.Connection
+) -> None:
+    """The spam relay: 100 invitations at once used to be 100 emails in 0.3 s. At the
+    defaults, 50 an hour: the 51st is 429 with Retry-After, and no email goes out for it."""
+    api = await make_api(smtp_url=smtp.url)
+    owner = await api.org(await api.signup(), name="Spam Inc")
+    path = f"/workspaces/{owner.workspace_id}/members/invite"
+    replies = await _burst(
+        api, 100, "POST", path, auth=owner, body=lambda i: {"email": f"target{i}@example.com"}
+    )
+    assert _statuses(replies) == {201: 50, 429: 50}
+    for refused in (r for r in replies if r.status == 429):
+        assert 0 < int(refused.headers["Retry-After"]) <= 3600
+        assert "GATEWAY_INVITES_PER_HOUR" in refused.detail
+    sent = [m for m in await smtp.received(api) if m.recipients[0].startswith("target")]
+    assert len(sent) == 50
+    assert await db.fetchval("SELECT count(*) FROM invites") == 50
+    # Revoking does not give the hour back: each invitation was an email already.
+    invite_id = next(r.body["id"] for r in replies if r.status == 201)
+    await api.delete(f"/workspaces/{owner.workspace_id}/invites/{invite_id}", auth=owner)
+    await api.post(path, json={"email": "one-more@example.com"}, auth=owner, expect=429)
+    # Another workspace is not held back by this one.
+    other = await api.org(await api.signup(), name="Innocent")
+    await api.invite(other, "friend@example.com")
+
+
+async def test_pending_invitations_stop_at_the_bound(api: Api, db: asyncpg.Connection) -> None:
+    """At the defaults: 200 pending (sent over four hours, 50 an hour); the 201st is 422."""
+    owner = await api.org(await api.signup())
+    path = f"/workspaces/{owner.workspace_id}/members/invite"
+    for hour in range(4):
+        bodies = [{"email": f"p{hour}-{i}@example.com"} for i in range(50)]
+        replies = await _burst(api, 50, "POST", path, auth=owner, body=bodies.__getitem__)
+        assert _statuses(replies) == {201: 50}
+        await db.execute("UPDATE invites SET created_at = created_at - interval '1 hour'")
+    reply = await api.post(path, json={"email": "one-too-many@example.com"}, auth=owner)
+    assert reply.status == 422 and "GATEWAY_MAX_PENDING_INVITES_PER_WORKSPACE" in reply.detail
+    # Inviting a pending address again replaces its invitation: no more pending than before.
+    await api.post(
+        path, json={"email": "p0-0@example.com", "role": "admin"}, auth=owner, expect=201
+    )
+    # Revoking one makes room.
+    listed = await api.get(f"/workspaces/{owner.workspace_id}/invites", auth=owner, expect=200)
+    assert len(listed.body) == 200
+    await api.delete(
+        f"/workspaces/{owner.workspace_id}/invites/{listed.body[0]['id']}", auth=owner, expect=204
+    )
+    await api.post(path, json={"email": "one-too-many@example.com"}, auth=owner, expect=201)
+
+
+async def test_invitation_bounds_hold_under_concurrent_requests(make_api: AppFactory) -> None:
+    api = await make_api(max_pending_invites_per_workspace=3, invites_per_hour=6)
+    owner = await api.org(await api.signup())
+    path = f"/workspaces/{owner.workspace_id}/members/invite"
+    replies = await _burst(
+        api, 10, "POST", path, auth=owner, body=lambda i: {"email": f"c{i}@example.com"}
+    )
+    assert _statuses(replies) == {201: 3, 422: 7}
+    listed = await api.get(f"/workspaces/{owner.workspace_id}/invites", auth=owner, expect=200)
+    assert len(listed.body) == 3
+    # Refused ones were not sent, so they did not count against the hour: two more fit.
+    for invite in listed.body[:2]:
+        await api.delete(f"/workspaces/{owner.workspace_id}/invites/{invite['id']}", auth=owner)
+    replies = await _burst(
+        api, 10, "POST", path, auth=owner, body=lambda i: {"email": f"d{i}@example.com"}
+    )
+    assert _statuses(replies) == {201: 2, 422: 8}
+    # Five sent this hour: one more (after a revocation), then the hour is used up.
+    listed = await api.get(f"/workspaces/{owner.workspace_id}/invites", auth=owner, expect=200)
+    for invite, email in zip(listed.body[:2], ("e@example.com", "f@example.com"), strict=True):
+        await api.delete(f"/workspaces/{owner.workspace_id}/invites/{invite['id']}", auth=owner)
+        last = await api.post(path, json={"email": email}, auth=owner)
+    assert last.status == 429 and "Retry-After" in last.headers
+    listed = await api.get(f"/workspaces/{owner.workspace_id}/invites", auth=owner, expect=200)
+    assert len(listed.body) == 2
+
+
+async def test_api_keys_past_the_bound_are_422_even_when_created_at_once(
+    make_api: AppFactory,
+) -> None:
+    api = await make_api(max_api_keys_per_workspace=3)
+    owner = await api.org(await api.signup())
+    path = f"/workspaces/{owner.workspace_id}/api-keys"
+    replies = await _burst(api, 10, "POST", path, auth=owner, body=lambda i: {"name": f"k{i}"})
+    assert _statuses(replies) == {201: 3, 422: 7}
+    refused = next(r for r in replies if r.status == 422)
+    assert "GATEWAY_MAX_API_KEYS_PER_WORKSPACE" in refused.detail
+    listed = await api.get(path, auth=owner, expect=200)
+    assert len(listed.body) == 3
+    # Revoked keys do not count.
+    await api.delete(f"{path}/{listed.body[0]['id']}", auth=owner, expect=204)
+    await api.post(path, json={"name": "replacement"}, auth=owner, expect=201)
+    await api.post(path, json={"name": "one too many"}, auth=owner, expect=422)
+    # The bound is the workspace's: another has its own.
+    other = await api.org(await api.signup())
+    await api.api_key(other)
+
+
+async def test_api_keys_at_the_default_bound(api: Api) -> None:
+    owner = await api.org(await api.signup())
+    path = f"/workspaces/{owner.workspace_id}/api-keys"
+    replies = await _burst(api, 101, "POST", path, auth=owner, body=lambda i: {"name": f"k{i}"})
+    assert _statuses(replies) == {201: 100, 422: 1}
+
+
+async def test_workspaces_past_the_bound_are_422_even_when_created_at_once(
+    make_api: AppFactory,
+) -> None:
+    """The bound counts every workspace the user belongs to, the personal one included."""
+    api = await make_api(max_workspaces_per_user=4)
+    ada = await api.signup()
+    host = await api.org(await api.signup())
+    invite = await api.invite(host, ada.email)
+    await api.post(f"/auth/accept-invite/{token_of(invite)}", auth=ada, expect=200)
+    replies = await _burst(api, 10, "POST", "/workspaces", auth=ada, body=lambda i: {"name": "W"})
+    assert _statuses(replies) == {201: 2, 422: 8}
+    refused = next(r for r in replies if r.status == 422)
+    assert "GATEWAY_MAX_WORKSPACES_PER_USER" in refused.detail
+    listed = await api.get("/workspaces", auth=ada, expect=200)
+    assert len(listed.body) == 4
+    # Deleting one makes room; other users are not affected.
+    created = next(r.body["id"] for r in replies if r.status == 201)
+    await api.delete(f"/workspaces/{created}", auth=ada, expect=204)
+    await api.post("/workspaces", json={"name": "Again"}, auth=ada, expect=201)
+    await api.post("/workspaces", json={"name": "Other"}, auth=host, expect=201)
+
+
+async def test_names_with_control_characters_are_422_naming_the_field(api: Api) -> None:
+    owner = await api.org(await api.signup())
+    for name in ("Acme\r\nBcc: victim@example.com", "Acme\nInc", "Acme\x1bInc", "Acme\x9bInc"):
+        for method, path in (
+            ("POST", "/workspaces"),
+            ("PATCH", f"/workspaces/{owner.workspace_id}"),
+            ("POST", f"/workspaces/{owner.workspace_id}/api-keys"),
+        ):
+            reply = await api.request(method, path, json={"name": name}, auth=owner, expect=422)
+            assert reply.detail.startswith("body.name:") and "control" in reply.detail, path
+    workspace = await api.get(f"/workspaces/{owner.workspace_id}", auth=owner, expect=200)
+    assert workspace.body["name"] == "Acme"
+
+
+async def test_a_removed_admins_api_keys_keep_working_and_are_listed_as_such(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decided: keys belong to the workspace (agents in production depend on them), so they
+    outlive their creator's membership; the creator saw the value, so the list says so."""
+    owner = await api.org(await api.signup())
+    admin = await api.member(owner, "admin")
+    theirs = await api.api_key(admin, "admin's agent")
+    mine = await api.api_key(owner, "owner's agent")
+    path = f"/workspaces/{owner.workspace_id}/api-keys"
+    listed = await api.get(path, auth=owner, expect=200)
+    assert [k["created_by_former_member"] for k in listed.body] == [False, False]
+
+    await api.delete(
+        f"/workspaces/{owner.workspace_id}/members/{admin.user_id}", auth=owner, expect=204
+    )
+    listed = await api.get(path, auth=owner, expect=200)
+    flags = {k["name"]: k["created_by_former_member"] for k in listed.body}
+    assert flags == {"admin's agent": True, "owner's agent": False}
+    for key in (theirs, mine):
+        await api.get("/servers", auth=key, expect=200)
+    # Revoking it is the remedy, and takes effect at once.
+    [flagged] = [k for k in listed.body if k["created_by_former_member"]]
+    await own_invalidation_only(api, monkeypatch)
+    await api.delete(f"{path}/{flagged['id']}", auth=owner, expect=204)
+    await api.get("/servers", auth=theirs, expect=401)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from html import unescape
 from urllib.parse import unquote
 
 import asyncpg
 
 from tests.conftest import AppFactory
 from tests.dashboard.conftest import Browser, BrowserFactory, Page
+from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
 from tests.support import Api
 
 SECURITY_HEADERS = {
@@ -275,3 +278,139 @@ async def test_the_signup_page_follows_the_signup_policy(make_api: AppFactory) -
         assert not (await closed.get("/login")).has("Sign up")
     finally:
         await closed.close()
+
+
+# -- the account page: invitations only for whoever controls the address ---------------------
+
+
+async def test_an_unverified_account_sees_its_invitations_but_cannot_accept_them_in_place(
+    api: Api, browser_for: BrowserFactory
+) -> None:
+    """Mallory signed up with the invited address: the account page lists the invitation
+    (it was sent to that address) but offers no way to accept it without the emailed link."""
+    owner = await api.org(await api.signup(name="Olga"), name="Acme")
+    invite = await api.invite(owner, "ada@example.com", role="admin")
+    token = invite["invite_url"].rsplit("/", 1)[1]
+    mallory = await api.signup("ada@example.com", name="Not Ada")
+    browser = await browser_for(mallory)
+    page = await browser.get("/account")
+    assert page.has("Acme") and page.has("Open the link in the invitation email")
+    assert token not in page.text and 'action="/invite/' not in page.text
+    assert page.has("This gateway sends no email, so addresses cannot be verified here")
+    refused = await browser.post("/account/verify-email")
+    assert refused.status == 400 and refused.has("SMTP_URL")
+    assert (await browser.post(f"/invite/{'x' * 43}")).status == 404
+    members = await api.get(f"/workspaces/{owner.workspace_id}/members", auth=owner)
+    assert mallory.user_id not in {m["user_id"] for m in members.body}
+
+
+async def test_the_emailed_link_verifies_the_address_then_invitations_are_accepted_in_place(
+    make_api: AppFactory, smtp: Inbox
+) -> None:
+    api = await make_api(smtp_url=smtp.url)
+    owner = await api.org(await api.signup(name="Olga"), name="Acme")
+    await api.invite(owner, "ada@example.com", role="admin")
+    browser, stranger = Browser(api), Browser(api)
+    try:
+        await browser.get("/signup")
+        await browser.post(
+            "/signup", {"name": "Ada", "email": "ada@example.com", "password": "password123"}
+        )
+        page = await browser.get("/account")
+        assert page.has("Open the link in the invitation email")
+        [mail] = [m for m in await smtp.received(api, "ada@example.com") if "verify" in m.body]
+        link = f"/verify-email/{mail.link('/verify-email')}"
+
+        # Opened signed out: log in first, and only as the account it was sent for.
+        signed_out = await stranger.get(link)
+        assert "/login?next=" in unquote(signed_out.url)
+        other = await api.signup("someone@example.com")
+        await stranger.log_in(other.email)
+        assert (await stranger.get(link, expect=403)).has("another account")
+        assert (await stranger.post(link, csrf=stranger.csrf)).status == 403
+
+        page = await browser.get(link)
+        assert page.has("Confirm ada@example.com")
+        page = await browser.post(link)
+        assert page.url.endswith("/account?done=verified")
+        assert page.has("Your email address is verified.")
+        assert not page.has("Email me a confirmation link")
+        page = await browser.post(page_action(page, "/invite/"))
+        assert page.url.endswith("/") and page.has("Acme (admin)")
+    finally:
+        await browser.close()
+        await stranger.close()
+
+
+async def test_the_account_page_sends_a_new_link_within_the_rate(
+    make_api: AppFactory, smtp: Inbox
+) -> None:
+    api = await make_api(smtp_url=smtp.url)
+    ada = await api.signup("ada@example.com")  # the first link
+    browser = Browser(api)
+    try:
+        await browser.log_in(ada.email)
+        await browser.get("/account")
+        for _ in range(2):
+            page = await browser.post("/account/verify-email")
+            assert page.url.endswith("/account?done=sent") and page.has("is on its way")
+        page = await browser.post("/account/verify-email")
+        assert page.status == 429 and int(page.headers["Retry-After"]) > 0
+        assert page.has("too many attempts") and page.has("Change password")
+        assert len(await smtp.received(api, "ada@example.com")) == 3
+    finally:
+        await browser.close()
+
+
+def page_action(page: Page, prefix: str) -> str:
+    """The action of the page's first form posting to an address starting with `prefix`."""
+    found = re.search(rf'action="({re.escape(prefix)}[^"]+)"', page.text)
+    assert found is not None, f"no form posting to {prefix}... on {page.url}"
+    return unescape(found.group(1))
+
+
+# -- changing the password -------------------------------------------------------------------
+
+
+async def test_changing_the_password_signs_out_every_other_session(
+    api: Api, browser_for: BrowserFactory, db: asyncpg.Connection
+) -> None:
+    ada = await api.signup("ada@example.com")
+    browser = await browser_for(ada)
+    elsewhere = await browser_for(ada)
+    form = {
+        "current_password": "password123",
+        "new_password": "new password 1",
+        "new_password_again": "new password 1",
+    }
+    await browser.get("/account")
+    page = await browser.post("/account/password", {**form, "current_password": "wrong!!!"})
+    assert page.status == 403 and page.has("current_password is not the password")
+    page = await browser.post("/account/password", {**form, "new_password_again": "other one"})
+    assert page.status == 422 and page.has("does not match the new password")
+    short = {**form, "new_password": "short", "new_password_again": "short"}
+    page = await browser.post("/account/password", short)
+    assert page.status == 422 and 'id="password-new_password-error"' in page.text
+    await api.post("/auth/refresh", json={"refresh_token": ada.refresh_token}, expect=200)
+
+    page = await browser.post("/account/password", form)
+    assert page.url.endswith("/account?done=password") and page.has("Your password was changed")
+    # This browser goes on (with a new session); the other one and the API's are signed out.
+    assert (await browser.get("/settings")).url.endswith("/settings")
+    assert (await elsewhere.get("/settings")).url.endswith("/login?next=/settings")
+    assert await db.fetchval("SELECT count(*) FROM dashboard_sessions") == 1
+    await api.post("/auth/refresh", json={"refresh_token": ada.refresh_token}, expect=401)
+    await elsewhere.get("/login")
+    failed = await elsewhere.post("/login", {"email": ada.email, "password": "password123"})
+    assert failed.status == 401
+    await elsewhere.log_in(ada.email, "new password 1")
+
+
+async def test_a_password_changed_through_the_api_signs_the_dashboard_out(
+    api: Api, browser_for: BrowserFactory
+) -> None:
+    ada = await api.signup()
+    browser = await browser_for(ada)
+    body = {"current_password": "password123", "new_password": "new password 1"}
+    await api.post("/auth/change-password", json=body, auth=ada, expect=200)
+    assert (await browser.get("/settings")).url.endswith("/login?next=/settings")

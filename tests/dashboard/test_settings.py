@@ -6,7 +6,8 @@ import re
 import uuid
 from typing import Any
 
-from tests.dashboard.conftest import BrowserFactory, Page
+from tests.conftest import AppFactory
+from tests.dashboard.conftest import Browser, BrowserFactory, Page
 from tests.support import Account, Api
 
 # A new workspace of one's own is anyone's to start: not a control of this workspace.
@@ -428,3 +429,61 @@ async def test_creating_a_workspace_from_settings(api: Api, browser_for: Browser
     page = await browser.post("/settings/workspaces", {"name": "Fresh Start"})
     assert page.url.endswith("/settings") and page.has("Fresh Start")
     assert page.has("Organisation workspace") and page.has("Delete workspace Fresh Start")
+
+
+async def test_keys_of_a_former_member_are_flagged_beside_their_revoke_button(
+    api: Api, browser_for: BrowserFactory
+) -> None:
+    owner = await api.org(await api.signup(name="Olga"))
+    admin = await join(api, owner, "admin", name="Adam")
+    theirs = await api.api_key(admin, "adams-agent")
+    await api.api_key(owner, "olgas-agent")
+    browser = await browser_for(owner)
+    page = await browser.get("/settings")
+    assert not page.has("former member") and not page.has("no longer a member")
+
+    await api.delete(f"/workspaces/{owner.workspace_id}/members/{admin.user_id}", auth=owner)
+    page = await browser.get("/settings")
+    assert page.has("1 API key was created by someone who is no longer a member")
+    row = re.search(r"<tr>\s*<td>adams-agent</td>.*?</tr>", page.text, re.S)
+    assert row is not None and "former member" in row.group(0)
+    assert "Revoke adams-agent" in row.group(0)
+    other = re.search(r"<tr>\s*<td>olgas-agent</td>.*?</tr>", page.text, re.S)
+    assert other is not None and "former member" not in other.group(0)
+    # The key still works until an admin revokes it.
+    await api.get("/servers", auth=theirs, expect=200)
+    [flagged] = [k for k in await listed(api, owner, "api-keys") if k["name"] == "adams-agent"]
+    page = await browser.post(f"/settings/api-keys/{flagged['id']}/revoke")
+    assert not page.has("no longer a member")
+    await api.get("/servers", auth=theirs, expect=401)
+
+
+async def test_bounds_are_explained_on_their_forms(make_api: AppFactory) -> None:
+    api = await make_api(
+        max_api_keys_per_workspace=1, max_pending_invites_per_workspace=1, invites_per_hour=2
+    )
+    owner = await api.org(await api.signup())
+    browser = Browser(api)
+    try:
+        await browser.log_in(owner.email)
+        await browser.post("/switch", {"workspace_id": owner.workspace_id}, expect=200)
+        await browser.get("/settings")
+        assert (await browser.post("/settings/api-keys", {"name": "first"})).status == 201
+        await browser.get("/settings")
+        page = await browser.post("/settings/api-keys", {"name": "second"})
+        assert page.status == 422 and page.has("GATEWAY_MAX_API_KEYS_PER_WORKSPACE")
+        assert 'value="second"' in page.text
+
+        invite = {"email": "a@example.com", "role": "member"}
+        assert (await browser.post("/settings/invites", invite)).status == 201
+        page = await browser.post("/settings/invites", {**invite, "email": "b@example.com"})
+        assert page.status == 422 and page.has("GATEWAY_MAX_PENDING_INVITES_PER_WORKSPACE")
+        [pending] = await listed(api, owner, "invites")
+        await browser.post(f"/settings/invites/{pending['id']}/revoke")
+        assert (await browser.post("/settings/invites", invite)).status == 201
+        await browser.get("/settings")
+        page = await browser.post("/settings/invites", {**invite, "email": "c@example.com"})
+        assert page.status == 429 and page.has("GATEWAY_INVITES_PER_HOUR")
+        assert int(page.headers["Retry-After"]) > 0
+    finally:
+        await browser.close()

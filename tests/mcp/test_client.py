@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -19,8 +21,11 @@ from gateway.mcp.client import (
     McpResponseError,
     McpRpcError,
     McpTimeoutError,
+    ToolListMemory,
+    ToolListTooLarge,
     UnsupportedTransport,
 )
+from tests.hostile import MiB, hostile_lister
 from tests.upstreams import SDK_TOOL_NAMES, fake_upstream, unused_url
 
 POST_ACCEPT = "application/json, text/event-stream"
@@ -355,3 +360,168 @@ async def test_a_405_without_endpoint_event_stays_an_http_error(
         with pytest.raises(McpHttpError, match="HTTP 405 Method Not Allowed"):
             async with McpClient(http, fake.url, {}, 5):
                 pass
+
+
+# --- tool lists within bounds ----------------------------------------------------------------
+
+
+async def until(condition: object, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "reply", [{"sse": False}, {"sse": True}, {"sse": False, "announce_length": True}]
+)
+async def test_a_tool_list_over_8_mib_is_refused_and_its_connection_dropped(
+    reply: dict[str, bool], http: aiohttp.ClientSession
+) -> None:
+    async with hostile_lister(page_bytes=100 * MiB, **reply) as lister:
+        async with McpClient(http, lister.url, {}, 30) as client:
+            with pytest.raises(ToolListTooLarge, match=r"^the tool list exceeds 8 MiB$"):
+                await client.list_tools()
+        # The client hung up long before the end: it read no more than its bound, and what
+        # the kernel's socket buffers took on top.
+        await until(lambda: lister.hung_up == 1)
+    [sent] = lister.sent
+    assert sent < 24 * MiB
+
+
+async def test_the_8_mib_are_counted_over_every_page(http: aiohttp.ClientSession) -> None:
+    async with (
+        hostile_lister(page_bytes=1 * MiB, pages=50, tool_bytes=8192) as lister,
+        McpClient(http, lister.url, {}, 30) as client,
+    ):
+        with pytest.raises(ToolListTooLarge, match="exceeds 8 MiB"):
+            await client.list_tools()
+    assert 8 <= lister.lists <= 9  # eight pages of a little over 1 MiB fit, the ninth does not
+
+
+async def test_a_list_within_the_bounds_is_read_whole(http: aiohttp.ClientSession) -> None:
+    async with hostile_lister(page_bytes=1 * MiB, pages=7, tool_bytes=8192, sse=True) as lister:
+        memory = ToolListMemory()
+        async with McpClient(http, lister.url, {}, 30, memory=memory, owner="w1") as client:
+            tools = await client.list_tools()
+    assert len(tools) == 7 * 128
+    assert len({tool["name"] for tool in tools}) == len(tools)
+    assert memory.in_use == 0  # given back once the list was returned
+
+
+@pytest.mark.parametrize(("per_page", "pages"), [(2001, 1), (700, 3)])
+async def test_more_than_2000_tools_are_refused(
+    per_page: int, pages: int, http: aiohttp.ClientSession
+) -> None:
+    async with (
+        hostile_lister(tool_count=per_page, pages=pages) as lister,
+        McpClient(http, lister.url, {}, 30) as client,
+    ):
+        with pytest.raises(ToolListTooLarge, match=r"^the tool list has more than 2,000 tools$"):
+            await client.list_tools()
+
+
+async def test_exactly_2000_tools_are_read(http: aiohttp.ClientSession) -> None:
+    async with (
+        hostile_lister(tool_count=1000, pages=2) as lister,
+        McpClient(http, lister.url, {}, 30) as client,
+    ):
+        assert len(await client.list_tools()) == 2000
+
+
+async def test_a_list_too_costly_to_parse_is_refused_before_it_is_parsed(
+    http: aiohttp.ClientSession,
+) -> None:
+    """7 MiB of empty objects would take about 170 MB once parsed."""
+    async with (
+        hostile_lister(empty_objects=7 * MiB) as lister,
+        McpClient(http, lister.url, {}, 30) as client,
+    ):
+        with pytest.raises(ToolListTooLarge, match=r"^the tool list is too large to read: "):
+            await client.list_tools()
+
+
+async def test_large_lists_take_permits_one_per_owner() -> None:
+    memory = ToolListMemory(permits=2, free=1 * MiB)
+    first = memory.hold("w1")
+    await first.grow(2 * MiB)
+    assert first.permitted and memory.in_use == 1
+
+    same_owner = memory.hold("w1")
+    waiting = asyncio.create_task(same_owner.grow(2 * MiB))
+    other = memory.hold("w2")
+    await other.grow(2 * MiB)  # another workspace takes the second permit at once
+    third = memory.hold("w3")
+    also_waiting = asyncio.create_task(third.grow(2 * MiB))
+    small = memory.hold("w4")
+    await small.grow(512 * 1024)  # within the free allowance: never waits
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and not also_waiting.done()
+
+    first.release()  # w1's next list goes first: it came first
+    await asyncio.wait_for(waiting, 1)
+    assert not also_waiting.done()
+    other.release()
+    await asyncio.wait_for(also_waiting, 1)
+    same_owner.release()
+    third.release()
+    small.release()
+    assert memory.in_use == 0
+
+
+async def test_a_list_given_up_while_waiting_takes_no_permit_away() -> None:
+    memory = ToolListMemory(permits=1, free=0)
+    holder = memory.hold("w1")
+    await holder.grow(1)
+    gave_up = memory.hold("w2")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(gave_up.grow(1), 0.05)
+    holder.release()
+    assert memory.in_use == 0
+    later = memory.hold("w3")
+    await asyncio.wait_for(later.grow(1), 1)
+    later.release()
+
+
+async def test_a_large_list_waits_for_its_owners_permit(http: aiohttp.ClientSession) -> None:
+    """One workspace's large lists are read one at a time, so it never holds both permits."""
+    memory = ToolListMemory(permits=2, free=256 * 1024)
+    async with hostile_lister(page_bytes=1 * MiB) as lister:
+        held = memory.hold("w1")
+        await held.grow(1 * MiB)
+        async with McpClient(http, lister.url, {}, 0.5, memory=memory, owner="w1") as client:
+            with pytest.raises(McpTimeoutError):
+                await client.list_tools()
+        async with McpClient(http, lister.url, {}, 10, memory=memory, owner="w2") as client:
+            assert len(await client.list_tools()) == 1024
+        held.release()
+        async with McpClient(http, lister.url, {}, 10, memory=memory, owner="w1") as client:
+            assert len(await client.list_tools()) == 1024
+    assert memory.in_use == 0
+
+
+async def test_reading_the_costliest_list_allowed_holds_the_event_loop_only_briefly(
+    http: aiohttp.ClientSession,
+) -> None:
+    """2.6 MiB of empty objects: just under the memory bound (about 93 MiB estimated, 60 MB
+    parsed), so read in full, and parsed in one go. Unbounded lists held the loop for seconds."""
+    done = asyncio.Event()
+    longest = 0.0
+
+    async def watch() -> None:
+        nonlocal longest
+        while not done.is_set():
+            before = time.perf_counter()
+            await asyncio.sleep(0.005)
+            longest = max(longest, time.perf_counter() - before)
+
+    async with (
+        hostile_lister(empty_objects=int(2.6 * MiB)) as lister,
+        McpClient(http, lister.url, {}, 30) as client,
+    ):
+        watcher = asyncio.create_task(watch())
+        tools = await client.list_tools()
+        done.set()
+        await watcher
+    assert len(tools) == 1
+    assert longest < 0.5, f"the event loop was held for {longest:.3f} s"

@@ -7,8 +7,9 @@ import dataclasses
 import aiohttp
 import pytest
 
-from gateway.mcp.client import McpClient
+from gateway.mcp.client import McpClient, ToolListMemory
 from gateway.mcp.probe import ProbeResult, probe, tools_hash
+from tests.hostile import MiB, hostile_lister
 from tests.upstreams import SDK_TOOL_NAMES, default_tools, fake_upstream, unused_url
 
 THRESHOLD_MS = 1000.0
@@ -149,3 +150,28 @@ async def test_down_on_legacy_transport(
     result = await probe(http, sdk_legacy_sse_url, {}, timeout=5, degraded_ms=THRESHOLD_MS)
     assert result.status == "down"
     assert result.error is not None and result.error.startswith("unsupported transport")
+
+
+@pytest.mark.parametrize(
+    ("upstream", "reason"),
+    [
+        ({"page_bytes": 100 * MiB}, "the tool list exceeds 8 MiB"),
+        ({"page_bytes": 100 * MiB, "sse": True}, "the tool list exceeds 8 MiB"),
+        ({"page_bytes": 1 * MiB, "pages": 50, "tool_bytes": 8192}, "the tool list exceeds 8 MiB"),
+        ({"tool_count": 2001}, "the tool list has more than 2,000 tools"),
+    ],
+    ids=["100-mb", "100-mb-sse", "many-pages", "2001-tools"],
+)
+async def test_degraded_when_the_tool_list_is_over_its_bounds(
+    upstream: dict[str, int], reason: str, http: aiohttp.ClientSession
+) -> None:
+    """It answers, so it is not down; but not with a list the gateway will read."""
+    memory = ToolListMemory()
+    async with hostile_lister(**upstream) as lister:
+        result = await probe(
+            http, lister.url, {}, timeout=30, degraded_ms=THRESHOLD_MS, memory=memory, owner="w"
+        )
+    assert result.status == "degraded"
+    assert result.error == reason
+    assert result.tool_count is None and result.tools_hash is None
+    assert memory.in_use == 0
