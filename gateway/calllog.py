@@ -11,8 +11,10 @@ the start and a retry skips ids already stored, so an ambiguous commit never dup
 queue is bounded (max_rows, counting batches being written or waiting for a retry): past the
 bound, add() drops the new record and counts it (stats.dropped, and a warning at most every
 10 s), and write() (POST /tool-calls, which answers only after its rows are committed) refuses
-with 503, so nothing acknowledged is dropped. On shutdown the queue drains before the pool
-closes.
+with 503, so nothing acknowledged is dropped. One workspace may hold at most a share of the
+bound (workspace_rows): the proxy asks has_room() before it forwards calls, and refuses them
+when there is none, and write() refuses with 503, so one tenant's flood never fills the log
+the others need. On shutdown the queue drains before the pool closes.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -54,6 +58,9 @@ class ToolCall(NamedTuple):
     output_size_bytes: int | None
     error_message: str | None
     created_at: datetime
+
+
+_WORKSPACE_OF = operator.itemgetter(1)  # a ToolCall's workspace_id
 
 
 def new_call_id() -> uuid.UUID:
@@ -195,6 +202,7 @@ class CallLog:
         writers: int = WRITERS,
         max_backoff_seconds: float = 5.0,
         commit_timeout: float | None = None,
+        workspace_share: float = 0.25,
     ) -> None:
         self._pool = pool
         # How long write() waits for its commit before taking its rows back (503); None: as
@@ -227,11 +235,25 @@ class CallLog:
         self._closed = False
         self.stats = CallLogStats()
         self._last_drop_warning = 0.0
+        # Rows not yet stored, by workspace (queued, being written or waiting for a retry).
+        # One workspace may hold at most `workspace_rows` of the bound, so a tenant's flood
+        # of calls (or a long database outage it fills) leaves room for everyone else's.
+        self._by_workspace: dict[uuid.UUID, int] = {}
+        self.workspace_rows = max(1, int(max_rows * workspace_share))
 
     # -- producers -------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self._rows) + self._held
+
+    def has_room(self, workspace_id: uuid.UUID, count: int) -> bool:
+        """Whether `count` more calls of the workspace fit now: within the bound, and within
+        the workspace's share of it. The proxy asks before forwarding calls it will log."""
+        return (
+            len(self._rows) + self._held + count <= self.max_rows
+            and self._by_workspace.get(workspace_id, 0) + count <= self.workspace_rows
+            and not self._closed
+        )
 
     def add(self, call: ToolCall) -> None:
         """Queue one call; never waits. When the queue is full the call is dropped and counted."""
@@ -240,6 +262,9 @@ class CallLog:
             return
         rows = self._rows
         rows.append(call)
+        by_workspace = self._by_workspace
+        workspace_id = call.workspace_id
+        by_workspace[workspace_id] = by_workspace.get(workspace_id, 0) + 1
         # The writer sleeps only while nothing is queued, or while a batch is in flight and the
         # next is still gathering: it needs waking for the first row and for a full batch only.
         if len(rows) == 1:
@@ -261,9 +286,17 @@ class CallLog:
                 "the tool call log is full (database unavailable?); retry shortly",
                 headers={"Retry-After": "1"},
             )
+        wanted = Counter(map(_WORKSPACE_OF, calls))
+        if any(self._by_workspace.get(w, 0) + n > self.workspace_rows for w, n in wanted.items()):
+            raise ServiceUnavailable(
+                "this workspace's share of the tool call log is full (database slow or "
+                "unavailable?); retry shortly",
+                headers={"Retry-After": "1"},
+            )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         start = len(self._rows)
         self._rows.extend(calls)
+        self._hold(calls)
         self._waiters.append((start, len(self._rows), future))
         self._wakeup.set()
         if len(self._rows) >= self._batch_rows:
@@ -295,12 +328,14 @@ class CallLog:
         when a batch attempt has them in flight."""
         for index, (start, end, waiting) in enumerate(self._waiters):
             if waiting is future:
+                self._release(self._rows[start:end])
                 del self._rows[start:end]
                 self._waiters[index:] = _shifted(self._waiters[index + 1 :], end - start)
                 return True
         for retry in self._retries:
             for index, (start, end, waiting) in enumerate(retry.waiters):
                 if waiting is future:
+                    self._release(retry.batch[start:end])
                     del retry.batch[start:end]
                     retry.waiters[index:] = _shifted(retry.waiters[index + 1 :], end - start)
                     self._held -= end - start
@@ -319,6 +354,22 @@ class CallLog:
                 len(self),
                 self.stats.dropped,
             )
+
+    def _hold(self, calls: Sequence[ToolCall]) -> None:
+        by_workspace = self._by_workspace
+        for workspace_id, count in Counter(map(_WORKSPACE_OF, calls)).items():
+            by_workspace[workspace_id] = by_workspace.get(workspace_id, 0) + count
+
+    def _release(self, calls: Sequence[ToolCall]) -> None:
+        """Rows that left the log (stored, set aside, taken back or given up)."""
+        by_workspace = self._by_workspace
+        # Counted in C, a batch at a time: the writer pays for it, not the proxy.
+        for workspace_id, count in Counter(map(_WORKSPACE_OF, calls)).items():
+            left = by_workspace[workspace_id] - count
+            if left:
+                by_workspace[workspace_id] = left
+            else:
+                del by_workspace[workspace_id]
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -408,6 +459,7 @@ class CallLog:
         batch, waiters = self._writing.pop(task)
         if task.cancelled():  # shutdown gave up on it, maybe before it even started
             self._held -= len(batch)
+            self._release(batch)
             for _, _, future in waiters:
                 if not future.done():
                     future.set_exception(ServiceUnavailable("the gateway shut down before storing"))
@@ -422,6 +474,8 @@ class CallLog:
             await self._write(batch, waiters, retry=backoff is not None)
         except _Unfinished as exc:
             self._held -= len(batch) - len(exc.batch)
+            self._release(batch)
+            self._hold(exc.batch)
             delay = self._failed(
                 exc.batch, exc.waiters, backoff, pause_all=isinstance(exc.cause, _DATABASE_DOWN)
             )
@@ -443,6 +497,7 @@ class CallLog:
             )
         else:
             self._held -= len(batch)
+            self._release(batch)
 
     def _failed(
         self,
@@ -593,4 +648,7 @@ class CallLog:
             if not future.done():
                 future.set_exception(exc)
         self._held -= sum(len(retry.batch) for retry in self._retries)
+        for retry in self._retries:
+            self._release(retry.batch)
+        self._release(self._rows)
         self._rows, self._waiters, self._retries = [], [], []

@@ -63,6 +63,26 @@ class TooManyRequests(ApiError):
         super().__init__(detail, headers={"Retry-After": str(retry_after)})
 
 
+class JsonRpcRefusal(ApiError):
+    """An MCP request the gateway refuses itself, answered as a JSON-RPC error response (an
+    MCP client reads it as it would its server's) instead of {"detail": ...}."""
+
+    def __init__(
+        self,
+        status: int,
+        code: int,
+        message: str,
+        request_id: str | int | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, headers=headers)
+        self.status = status
+        self.body = orjson.dumps(
+            {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+        )
+
+
 class BadGateway(ApiError):
     status = 502
 
@@ -138,6 +158,13 @@ async def _error(
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except JsonRpcRefusal as exc:
+        return web.Response(
+            status=exc.status,
+            body=exc.body,
+            content_type="application/json",
+            headers=cors.error_headers(request, exc.headers),
+        )
     except ApiError as exc:
         return await _error(request, exc.status, exc.detail, exc.headers)
     except web.HTTPException as exc:

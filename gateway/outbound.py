@@ -6,9 +6,11 @@ tried, so neither a name that resolves to a refused address (now or only later),
 literal, nor an IPv4 address dressed as IPv6 (`::ffff:169.254.169.254`, NAT64) gets round it.
 
 Link-local and cloud metadata addresses are always refused: a gateway that proxies to
-addresses its tenants choose must never hand them the host's instance credentials. Loopback
-and private ranges are allowed by default (self-hosted MCP servers live there);
-GATEWAY_OUTBOUND_DENY refuses more, GATEWAY_OUTBOUND_ALLOW makes exceptions to that list.
+addresses its tenants choose must never hand them the host's instance credentials. So are the
+unspecified addresses (0.0.0.0/8 and `::`), which Linux dials as the host itself: they would
+get round a GATEWAY_OUTBOUND_DENY of loopback. Loopback and private ranges are allowed by
+default (self-hosted MCP servers live there); GATEWAY_OUTBOUND_DENY refuses more,
+GATEWAY_OUTBOUND_ALLOW makes exceptions to that list.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ ALWAYS_REFUSED: tuple[tuple[Network, str], ...] = (
     (ipaddress.ip_network("169.254.0.0/16"), "link-local (cloud metadata)"),
     (ipaddress.ip_network("fe80::/10"), "link-local"),
     (ipaddress.ip_network("fd00:ec2::254/128"), "cloud metadata"),
+    # Alibaba Cloud's metadata service, outside the link-local range.
+    (ipaddress.ip_network("100.100.100.200/32"), "cloud metadata"),
+    (ipaddress.ip_network("0.0.0.0/8"), "unspecified (reaches this host)"),
+    (ipaddress.ip_network("::/128"), "unspecified (reaches this host)"),
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 

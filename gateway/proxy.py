@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import resource
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, NoReturn
 
 import aiohttp
 from aiohttp import web
@@ -24,16 +25,26 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import Field
 
 from gateway import cors
+from gateway.api.models import Out
 from gateway.api.routing import Routes, read_bytes
 from gateway.auth import PRINCIPAL, USE, Access
 from gateway.caches import MISSING
 from gateway.calllog import CallLog, ToolCall, clean_text, new_call_id
-from gateway.errors import BadGateway, GatewayTimeout, NotFound, PayloadTooLarge
+from gateway.errors import (
+    BadGateway,
+    GatewayTimeout,
+    JsonRpcRefusal,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TooManyRequests,
+)
 from gateway.keys import CALL_LOG, HTTP, METRICS, PROXYING, SETTINGS, UPSTREAMS
 from gateway.mcp.tool_calls import (
     CALLER_CANCELLED,
     ReplyReader,
     ToolCallSeen,
+    UnreadableRequest,
     read_reply,
     tool_calls_in,
 )
@@ -136,6 +147,19 @@ UpstreamReply = Annotated[
 ]
 
 
+class JsonRpcErrorObject(Out):
+    code: int = Field(description="-32700: the body cannot be read; -32600: a batch too large")
+    message: str
+
+
+class JsonRpcErrorResponse(Out):
+    """The gateway's own refusal of an MCP request, in JSON-RPC: nothing was forwarded."""
+
+    jsonrpc: Literal["2.0"]
+    id: str | int | None
+    error: JsonRpcErrorObject
+
+
 class UpstreamResponse(web.Response):
     """An upstream's answer passed back unchanged: its status and body are the server's, not
     the gateway API's (so they follow no schema of ours)."""
@@ -203,6 +227,53 @@ class _Outcome:
         self.reader: ReplyReader | None = None
 
 
+class InFlight:
+    """Proxied requests in flight in this process, by workspace (the proxy counts them
+    itself): admitted while the workspace holds fewer than `per_workspace` and the process
+    fewer than `total`."""
+
+    __slots__ = ("by_workspace", "count", "per_workspace", "total")
+
+    def __init__(self, per_workspace: int, total: int) -> None:
+        self.by_workspace: dict[uuid.UUID, int] = {}
+        self.per_workspace = per_workspace
+        self.total = total
+        self.count = 0
+
+    def refuse(self, held: int) -> NoReturn:
+        """429: the workspace (holding `held`), or the whole process, is at its bound."""
+        if held >= self.per_workspace:
+            raise TooManyRequests(
+                f"this workspace already has {held} proxied requests in flight in this gateway "
+                f"process (GATEWAY_MAX_STREAMS_PER_WORKSPACE); close some streams or retry",
+                retry_after=1,
+            )
+        raise TooManyRequests(
+            "this gateway process is at its bound of proxied requests in flight; retry",
+            retry_after=1,
+        )
+
+
+# Descriptors kept for everything but proxied requests (logins, the API, the database pool,
+# probes and webhooks), out of the process's limit.
+_RESERVED_DESCRIPTORS = 1024
+
+
+def process_stream_bound() -> int:
+    """How many proxied requests this process can hold open at once: two descriptors each
+    (the caller's connection and the upstream's), leaving _RESERVED_DESCRIPTORS for the rest.
+    The soft limit is raised to the hard one first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            log.info("cannot raise the open file limit from %d", soft)
+    return max(64, (soft - _RESERVED_DESCRIPTORS) // 2)
+
+
 @dataclass(frozen=True, slots=True)
 class Proxying:
     """What the proxy uses on every request, in one place: one lookup per request instead of
@@ -214,6 +285,10 @@ class Proxying:
     metrics: Metrics
     max_body_bytes: int
     timeout_seconds: float
+    # Requests in flight (each holds two connections, a stream for as long as it runs), by
+    # workspace and in all: one tenant's thousands of open streams must not use up the
+    # process's file descriptors, which every other tenant's requests and logins need.
+    in_flight: InFlight
 
     @classmethod
     async def setup(cls, app: web.Application) -> None:
@@ -226,6 +301,7 @@ class Proxying:
             app[METRICS],
             settings.max_body_bytes,
             settings.proxy_timeout_seconds,
+            InFlight(settings.max_streams_per_workspace, process_stream_bound()),
         )
 
 
@@ -241,21 +317,22 @@ class _CallerLeft(Exception):
     access=USE,
     request_body=JsonRpcMessage,
     response=UpstreamReply,
-    errors=(404, 408, 413, 502, 504),
+    errors=(404, 408, 413, 429, 502, 503, 504),
+    error_bodies={400: JsonRpcErrorResponse},
 )
 @routes.route(
     "GET",
     PROXY_PATH,
     summary="Open the server-initiated SSE stream of an MCP session",
     access=USE,
-    errors=(404, 502, 504),
+    errors=(404, 429, 502, 504),
 )
 @routes.route(
     "DELETE",
     PROXY_PATH,
     summary="End an MCP session on the server",
     access=USE,
-    errors=(404, 502, 504),
+    errors=(404, 429, 502, 504),
 )
 async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamResponse:
     """Transparent streamable-HTTP proxy: the request is forwarded unchanged (with the server's
@@ -265,7 +342,15 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     JSON-RPC response is an error or a result with `isError: true`; `X-Caller-Agent` names the
     caller. An unreachable server is 502, one that does not answer within
     GATEWAY_PROXY_TIMEOUT_SECONDS 504 (a stream that keeps sending is never cut; one silent for
-    that long is)."""
+    that long is), and one that answers a status outside 200..599 (a 101 included) 502.
+
+    Refused before anything is forwarded: a body that is not valid UTF-8, nests deeper than 64
+    levels, names a deciding key (`method`, `params`, `name`) twice in one object, or may hold a
+    `tools/call` but is not JSON, with a JSON-RPC parse error (-32700, HTTP 400); a batch of
+    more than 100 messages (-32600, HTTP 400); a request of a workspace that already has
+    GATEWAY_MAX_STREAMS_PER_WORKSPACE requests (streams included) in flight in this process
+    (429); calls the tool call log has no room for now (503): calls are never forwarded
+    unlogged."""
     started = time.perf_counter()
     proxying = request.app[PROXYING]
     workspace_id = request[PRINCIPAL].workspace_id
@@ -275,28 +360,59 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
         upstream = await upstreams.get(server_id, workspace_id)
     if upstream is None:
         raise NotFound("server not found")
-    body = b""
-    if request.body_exists:
-        if (request.content_length or 0) > proxying.max_body_bytes:
-            raise PayloadTooLarge(f"request body over {proxying.max_body_bytes} bytes")
-        # Complete already (most): read without read_bytes()'s timer and extra coroutine.
-        body = await (request.read() if request.content.is_eof() else read_bytes(request))
-    outcome = _Outcome(tool_calls_in(body) if body else [])
-    try:
-        return await _exchange(request, proxying, upstream, body, outcome)
-    except asyncio.CancelledError:
-        # aiohttp cancels the handler when the caller hangs up (handler_cancellation), and
-        # when the gateway shuts down, which leaves the caller's connection open until then.
-        if _caller_gone(request):
-            outcome.cancelled = True
-        elif outcome.error is None:
-            outcome.error = "the gateway shut down before the response arrived"
-            outcome.kind = "shutdown"
-        raise
+    # Counted in flight (InFlight, inlined: every proxied call pays for each Python call).
+    in_flight = proxying.in_flight
+    by_workspace = in_flight.by_workspace
+    held = by_workspace.get(workspace_id, 0)
+    if held >= in_flight.per_workspace or in_flight.count >= in_flight.total:
+        in_flight.refuse(held)
+    by_workspace[workspace_id] = held + 1
+    in_flight.count += 1
+    try:  # (one coroutine, not two: every proxied call pays for each)
+        body = b""
+        calls: list[ToolCallSeen] = []
+        if request.body_exists:
+            if (request.content_length or 0) > proxying.max_body_bytes:
+                raise PayloadTooLarge(f"request body over {proxying.max_body_bytes} bytes")
+            # Complete already (most): read without read_bytes()'s timer and extra coroutine.
+            body = await (request.read() if request.content.is_eof() else read_bytes(request))
+            if body:
+                try:
+                    calls = tool_calls_in(body)
+                except UnreadableRequest as exc:
+                    raise JsonRpcRefusal(400, exc.code, exc.message) from None
+                if calls and not proxying.call_log.has_room(workspace_id, len(calls)):
+                    # Forwarded, they would run unlogged (the log is full, or this workspace
+                    # holds its share of it): refused before anything is sent.
+                    raise ServiceUnavailable(
+                        "the tool call log has no room for this workspace's calls now; "
+                        "retry shortly",
+                        headers={"Retry-After": "1"},
+                    )
+        outcome = _Outcome(calls)
+        try:
+            return await _exchange(request, proxying, upstream, body, outcome)
+        except asyncio.CancelledError:
+            # aiohttp cancels the handler when the caller hangs up (handler_cancellation), and
+            # when the gateway shuts down, which leaves the caller's connection open until
+            # then.
+            if _caller_gone(request):
+                outcome.cancelled = True
+            elif outcome.error is None:
+                outcome.error = "the gateway shut down before the response arrived"
+                outcome.kind = "shutdown"
+            raise
+        finally:
+            if calls:
+                _record(request, proxying.call_log, upstream, outcome, started)
+            _count(proxying.metrics, request.method, server_id, outcome, started)
     finally:
-        if outcome.calls:
-            _record(request, proxying.call_log, upstream, outcome, started)
-        _count(proxying.metrics, request.method, server_id, outcome, started)
+        in_flight.count -= 1
+        held = by_workspace[workspace_id] - 1
+        if held:
+            by_workspace[workspace_id] = held
+        else:
+            del by_workspace[workspace_id]
 
 
 @functools.lru_cache(maxsize=256)  # aiohttp parses Content-Type afresh for every response
@@ -344,7 +460,14 @@ async def _exchange(
         raise BadGateway(outcome.error) from None
     async with reply:
         outcome.status = reply.status
-        headers = CIMultiDict[str]()
+        if not 200 <= reply.status <= 599:
+            # 1xx (a 101 would turn the caller's connection into a raw tunnel past the
+            # gateway) and made-up statuses are not HTTP answers to relay.
+            outcome.error = f"upstream answered HTTP {reply.status}, which is not relayed"
+            outcome.kind = "bad_status"
+            raise BadGateway(outcome.error)
+        # Not CIMultiDict[str](): calling the generic alias costs eight times as much.
+        headers = CIMultiDict()
         for name in _PASS_BACK:
             value = reply.headers.get(name)
             if value is not None:
@@ -361,7 +484,8 @@ async def _exchange(
         outcome.answered_at = time.perf_counter()  # (a buffered reply: read_at)
         if outcome.calls:
             outcome.reader = ReplyReader(outcome.calls, event_stream=is_stream)
-        response = UpstreamStream(status=reply.status, reason=reply.reason, headers=headers)
+        # The reason phrase is HTTP's own for the status: the upstream's may hold anything.
+        response = UpstreamStream(status=reply.status, headers=headers)
         response.bare = content_type is None
         if is_stream:
             response.headers["X-Accel-Buffering"] = "no"
@@ -404,7 +528,7 @@ async def _buffered(
         else:
             for call in outcome.calls:
                 call.relayed = call.answered
-    return UpstreamResponse(body=body, status=reply.status, reason=reply.reason, headers=headers)
+    return UpstreamResponse(body=body, status=reply.status, headers=headers)
 
 
 async def _pump(
@@ -555,8 +679,10 @@ def _record(
     if caller is not None:
         caller = clean_text(caller)[:_MAX_CALLER_AGENT]
     created_at = datetime.now(UTC)
+    relayed_ok = 200 <= outcome.status < 300
     for call in outcome.calls:
-        error = _verdict(call, outcome)
+        # The usual case first, without _verdict's call: its response reached the caller.
+        error = call.error if call.relayed and relayed_ok else _verdict(call, outcome)
         call_log.add(
             ToolCall(
                 new_call_id(),

@@ -19,13 +19,22 @@ from tests.support import Api
 from tests.test_proxy import add_server, call, logged_calls
 from tests.upstreams import fake_upstream, serve_loopback
 
-METADATA = ("169.254.169.254", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "fd00:ec2::254")
+METADATA = (
+    "169.254.169.254",
+    "::ffff:169.254.169.254",
+    "64:ff9b::a9fe:a9fe",
+    "fd00:ec2::254",
+    "100.100.100.200",
+    "::ffff:100.100.100.200",
+)
+# Linux dials these as the host itself: loopback, whatever GATEWAY_OUTBOUND_DENY says.
+UNSPECIFIED = ("0.0.0.0", "0.1.2.3", "::", "::ffff:0.0.0.0", "64:ff9b::", "[::]")
 
 
-@pytest.mark.parametrize("address", [*METADATA, "fe80::1%eth0", "169.254.0.1"])
-def test_link_local_and_metadata_are_always_refused(address: str) -> None:
+@pytest.mark.parametrize("address", [*METADATA, *UNSPECIFIED, "fe80::1%eth0", "169.254.0.1"])
+def test_link_local_metadata_and_unspecified_addresses_are_always_refused(address: str) -> None:
     loose = OutboundPolicy(allow=parse_networks("0.0.0.0/0, ::/0"))
-    assert loose.refusal(address) is not None
+    assert loose.refusal(address.strip("[]")) is not None
 
 
 def test_private_and_loopback_are_allowed_unless_denied() -> None:
@@ -44,7 +53,8 @@ def test_private_and_loopback_are_allowed_unless_denied() -> None:
 
 async def test_refused_literals_and_user_info_are_422_at_registration(api: Api) -> None:
     owner = await api.signup()
-    for host in ("169.254.169.254", "[::ffff:169.254.169.254]", "[fe80::1]", "[fd00:ec2::254]"):
+    hosts = ("169.254.169.254", "[::ffff:169.254.169.254]", "[fe80::1]", "[fd00:ec2::254]")
+    for host in (*hosts, "0.0.0.0", "[::]", "[::ffff:0.0.0.0]", "100.100.100.200"):
         body = {"name": "meta", "url": f"http://{host}/latest/meta-data/"}
         reply = await api.post("/servers", json=body, auth=owner, expect=422)
         assert reply.detail.startswith("body.url: the address is refused by the outbound policy")
@@ -96,6 +106,22 @@ async def test_a_name_resolving_to_a_refused_address_is_refused_when_dialled(
     rows = await logged_calls(db, 1)
     assert [r["status"] for r in rows] == ["error"]
     assert "refused by the outbound policy" in rows[0]["error_message"]
+
+
+async def test_the_unspecified_address_never_reaches_a_denied_loopback(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    """0.0.0.0 is dialled as the host itself: a server stored with it (before this version
+    refused it at registration, or through a name that resolves to it) is refused when dialled."""
+    async with fake_upstream() as upstream, denied_loopback(make_api) as api:
+        owner = await api.signup()
+        port = upstream.url.rsplit(":", 1)[1]
+        server_id = await add_server(api, db, owner, f"http://0.0.0.0:{port}")
+        reply = await api.post(f"/proxy/{server_id}/mcp", json=call("x"), auth=owner, expect=502)
+        assert "refused by the outbound policy (unspecified (reaches this host))" in reply.detail
+        probe = await api.post(f"/servers/{server_id}/probe", auth=owner, expect=200)
+        assert probe.body["status"] == "down"
+    assert upstream.requests == []
 
 
 async def test_an_allowed_exception_reaches_the_upstream(make_api: AppFactory) -> None:

@@ -14,8 +14,8 @@ from gateway.api.models import WHOLE, Body, HttpUrl, Name, Out, Page, refuse_lit
 from gateway.api.routing import Routes
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import alerts as alerts_db
-from gateway.errors import NotFound
-from gateway.keys import POOL
+from gateway.errors import NotFound, ValidationFailed
+from gateway.keys import POOL, SETTINGS
 
 routes = Routes("alerts")
 
@@ -169,15 +169,25 @@ async def create_rule(request: web.Request, body: RuleIn) -> dict[str, Any]:
     When `metric operator threshold` starts to hold, a FIRING event is made and notifications
     are sent; when it stops, the incident is resolved (a RESOLVED event) and notified again.
     `slack_webhook_url` gets `{"text": "<one line>"}`; `webhook_url` gets
-    `{"event": <alert event>, "rule": <rule>, "workspace": {"id", "name"}}`."""
+    `{"event": <alert event>, "rule": <rule>, "workspace": {"id", "name"}}`.
+
+    A workspace holds at most GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE rules (default 500): past
+    that, 422."""
     workspace_id = request[PRINCIPAL].workspace_id
     _refuse_literal_targets(request, body.webhook_url, body.slack_webhook_url)
+    limit = request.app[SETTINGS].max_alert_rules_per_workspace
     async with request.app[POOL].acquire() as conn, conn.transaction():
         if body.server_id is not None and not await alerts_db.lock_server(
             conn, workspace_id, body.server_id
         ):
             raise NotFound("server not found")
-        return await alerts_db.create_rule(conn, workspace_id, body.model_dump())
+        try:
+            return await alerts_db.create_rule(conn, workspace_id, body.model_dump(), limit)
+        except alerts_db.TooManyRules:
+            raise ValidationFailed(
+                f"this workspace has {limit} alert rules, the most it may have "
+                "(GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE): delete one first"
+            ) from None
 
 
 def _refuse_literal_targets(request: web.Request, webhook: str | None, slack: str | None) -> None:

@@ -25,7 +25,8 @@ class HealthCheckOut(Out):
     server_id: uuid.UUID
     status: CheckStatus = Field(
         description="healthy: connected and listed tools within the degraded threshold; "
-        "degraded: slower, or answered with a JSON-RPC error; down: unreachable, timed out, "
+        "degraded: slower, answered with a JSON-RPC error, or with a tool list over the "
+        "gateway's bounds (8 MiB, 2,000 tools); down: unreachable, timed out, "
         "non-2xx, or not an MCP endpoint"
     )
     latency_ms: float = Field(description="time until the tool list (or the failure)")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from http import HTTPStatus
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pydantic
-import swagger_ui_bundle
 from aiohttp import web
 
 from gateway.api.models import NUL_FREE, DocumentSchema
@@ -118,10 +119,17 @@ def _operation(endpoint: Endpoint, components: _Components) -> dict[str, Any]:
             }
         }
     responses: dict[str, Any] = {str(endpoint.status): success}
-    for code in endpoint.errors:
+    error_bodies = dict(endpoint.error_bodies)
+    for code in sorted({*endpoint.errors, *error_bodies}):
+        shape = error_bodies.get(code)
+        schema = (
+            {"$ref": _REF.format(model="Error")}
+            if shape is None
+            else components.schema_of(shape, "serialization")
+        )
         responses[str(code)] = {
             "description": HTTPStatus(code).phrase,
-            "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}},
+            "content": {"application/json": {"schema": schema}},
         }
         if code == 429:
             responses[str(code)]["headers"] = {
@@ -164,10 +172,26 @@ _DOCS_PAGE = """<!doctype html>
 <link rel="stylesheet" href="{static}/swagger-ui.css"></head>
 <body><div id="ui"></div>
 <script src="{static}/swagger-ui-bundle.js"></script>
-<script>SwaggerUIBundle({{url: "{spec}", dom_id: "#ui"}});</script>
+<script src="{init}"></script>
 </body></html>"""
 
 DOCS_STATIC = "/api/v1/docs/static"
+# The script that starts Swagger UI (a file: the policy below refuses inline script).
+DOCS_INIT = f"{DOCS_STATIC}/init.js"
+_INIT_SCRIPT = f'SwaggerUIBundle({{url: "{API_PREFIX}/openapi.json", dom_id: "#ui"}});\n'
+
+# The docs pages share the dashboard's origin: they get its protections (no framing, no
+# sniffing, scripts only from here). Swagger UI sets inline styles, so those are allowed.
+DOCS_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; form-action 'none'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 @routes.get(
@@ -185,9 +209,26 @@ async def openapi_json(request: web.Request) -> web.Response:
     media_type="text/html",
 )
 async def docs_page(request: web.Request) -> web.Response:
-    page = _DOCS_PAGE.format(static=DOCS_STATIC, spec=f"{API_PREFIX}/openapi.json")
-    return web.Response(text=page, content_type="text/html")
+    page = _DOCS_PAGE.format(static=DOCS_STATIC, init=DOCS_INIT)
+    return web.Response(text=page, content_type="text/html", headers=DOCS_HEADERS)
 
 
 def add_docs_static(app: web.Application) -> None:
-    app.router.add_static(DOCS_STATIC, swagger_ui_bundle.swagger_ui_path)
+    """Swagger UI's files (only those it ships, read from its package) and the script that
+    starts it, each with DOCS_HEADERS."""
+    # swagger-ui-py ships Swagger UI 5, which reads OpenAPI 3.1 (older bundles cannot).
+    folder = Path(str(resources.files("swagger_ui").joinpath("static")))
+    files = {path.name: path for path in folder.iterdir() if path.name.startswith("swagger-ui")}
+
+    async def static(request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if DOCS_STATIC + "/" + name == DOCS_INIT:
+            return web.Response(
+                text=_INIT_SCRIPT, content_type="application/javascript", headers=DOCS_HEADERS
+            )
+        path = files.get(name)
+        if path is None:
+            raise web.HTTPNotFound()
+        return web.FileResponse(path, headers=DOCS_HEADERS)
+
+    app.router.add_get(DOCS_STATIC + "/{name}", static)

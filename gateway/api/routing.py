@@ -23,7 +23,7 @@ import orjson
 import pydantic
 from aiohttp import web
 
-from gateway.auth import PRINCIPAL, Access, path_uuid, refuse_api_key
+from gateway.auth import PRINCIPAL, Access, Authenticator, path_uuid, refuse_api_key
 from gateway.caches import MISSING
 from gateway.errors import BadRequest, RequestTimeout, UnsupportedMediaType, ValidationFailed
 from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, SETTINGS
@@ -50,6 +50,9 @@ class Endpoint:
     media_type: str = "application/json"
     # The body's type for the document only, when the handler parses the body itself.
     request_body: Any = None
+    # Error statuses whose body is not {"detail": ...}, with their shape (the proxy answers
+    # MCP clients in JSON-RPC).
+    error_bodies: tuple[tuple[int, Any], ...] = ()
 
 
 @dataclass
@@ -71,6 +74,7 @@ class Routes:
         errors: Iterable[int] = (),
         media_type: str = "application/json",
         request_body: Any = None,
+        error_bodies: dict[int, Any] | None = None,
     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
         def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             hints = typing.get_type_hints(fn)
@@ -90,6 +94,7 @@ class Routes:
                 description=inspect.cleandoc(fn.__doc__ or ""),
                 media_type=media_type,
                 request_body=request_body,
+                error_bodies=tuple((error_bodies or {}).items()),
             )
             self.endpoints.append((endpoint, fn))
             return fn
@@ -157,7 +162,7 @@ def validation_detail(exc: pydantic.ValidationError, where: str) -> str:
 class _Handler:
     """The aiohttp handler for one endpoint: authenticates, reads the inputs, renders."""
 
-    __slots__ = ("access", "body_adapter", "endpoint", "fn", "params")
+    __slots__ = ("access", "authenticator", "body_adapter", "endpoint", "fn", "params")
 
     def __init__(self, endpoint: Endpoint, fn: Callable[..., Awaitable[Any]]) -> None:
         self.endpoint = endpoint
@@ -174,12 +179,17 @@ class _Handler:
         self.body_adapter = (
             pydantic.TypeAdapter(endpoint.body) if endpoint.body is not None else None
         )
+        # The app's, once the first request has looked it up (it is made at startup, after
+        # the routes): an app[key] lookup is a Python call that every proxied request paid.
+        self.authenticator: Authenticator | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         endpoint = self.endpoint
         access = self.access
         if access.authenticated:
-            authenticator = request.app[AUTHENTICATOR]
+            authenticator = self.authenticator
+            if authenticator is None:
+                authenticator = self.authenticator = request.app[AUTHENTICATOR]
             principal = authenticator.cached(request, access)
             if principal is MISSING:
                 principal = await authenticator.authenticate(request, access)

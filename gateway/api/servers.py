@@ -384,7 +384,7 @@ async def probe_server(request: web.Request, server_id: uuid.UUID) -> dict[str, 
     if upstream is None:
         raise NotFound("server not found")
     check = await Prober.from_app(request.app).probe_and_record(
-        upstream.id, upstream.url, upstream.auth_headers
+        upstream.id, upstream.workspace_id, upstream.url, upstream.auth_headers
     )
     if check is None:
         raise NotFound("server not found")  # deleted while it was being probed

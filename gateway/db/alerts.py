@@ -42,6 +42,11 @@ RETURNING {RULE_COLUMNS}
 
 _DELETE_RULE = "DELETE FROM alert_rules WHERE id = $1 AND workspace_id = $2 RETURNING id"
 
+# Held by the transaction that creates a rule, so that rules created at once count each other
+# (NO KEY: rows referring to the workspace are not held up).
+_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
+_COUNT_RULES = "SELECT count(*) FROM alert_rules WHERE workspace_id = $1"
+
 # Locks the server against deletion until the rule that names it is written.
 _LOCK_SERVER = "SELECT id FROM servers WHERE id = $1 AND workspace_id = $2 FOR KEY SHARE"
 
@@ -139,10 +144,19 @@ async def lock_server(conn: Connection, workspace_id: uuid.UUID, server_id: uuid
     return await conn.fetchval(_LOCK_SERVER, server_id, workspace_id) is not None
 
 
+class TooManyRules(Exception):
+    """The workspace holds as many alert rules as it may."""
+
+
 async def create_rule(
-    db: Executor, workspace_id: uuid.UUID, fields: Mapping[str, Any]
+    conn: Connection, workspace_id: uuid.UUID, fields: Mapping[str, Any], limit: int
 ) -> dict[str, Any]:
-    row = await db.fetchrow(_INSERT_RULE, workspace_id, *(fields[f] for f in RULE_FIELDS))
+    """A new rule, in the caller's transaction, unless the workspace already holds `limit`
+    of them (TooManyRules)."""
+    await conn.execute(_LOCK_WORKSPACE, workspace_id)
+    if await conn.fetchval(_COUNT_RULES, workspace_id) >= limit:
+        raise TooManyRules
+    row = await conn.fetchrow(_INSERT_RULE, workspace_id, *(fields[f] for f in RULE_FIELDS))
     assert row is not None
     return dict(row)
 

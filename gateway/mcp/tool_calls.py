@@ -26,6 +26,12 @@ MAX_ERROR_CHARS: Final = 1000
 # judged by the HTTP status alone. Errors are small; only results grow this large.
 MAX_JUDGED_BYTES: Final = 4 << 20
 
+# The gateway's own refusals of a request body (JSON-RPC's codes), and the bounds behind them.
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+MAX_BATCH: Final = 100
+MAX_DEPTH: Final = 64
+
 CALLER_CANCELLED: Final = "cancelled by the caller"
 # The error a 2025-era SDK server answers a request with once the client cancelled it
 # (LSP's RequestCancelled; 2026-07-28 servers send nothing and the client hangs up instead).
@@ -61,21 +67,127 @@ def _loads(body: bytes | str) -> Any:
         return None
 
 
+class UnreadableRequest(Exception):
+    """A request body the gateway refuses to forward, because it cannot be sure to see every
+    `tools/call` in it as the server will: answered with a JSON-RPC error of `code`, never
+    forwarded (forwarding it would let a call run unlogged, and past any rule on its name)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
-    """Each `tools/call` of a JSON-RPC message or batch, [] for anything else."""
-    # Without a backslash every string in the body is spelled as it reads, so a `tools/call`
-    # method shows literally; any escape (`tools\/call`, `\u0074ools/call`) might hide one.
-    if b"tools/call" not in body and b"\\" not in body:
+    """Each `tools/call` of a JSON-RPC message or batch, [] for anything else.
+
+    Raises UnreadableRequest for a body that is not valid UTF-8 (a lenient server may decode
+    it into a call the gateway never saw), nests deeper than MAX_DEPTH, is a batch of more
+    than MAX_BATCH messages (each call is a row of the shared call log), names a key that
+    decides what is called twice in one object, or may hold a call but is not JSON the
+    gateway can read. Every proxied body comes this way: most cost a few byte scans, and only
+    those that may hold a call, a batch or deep nesting are parsed.
+    """
+    if not body.isascii():  # a flag check: most bodies are ASCII
+        _refuse_invalid_utf8(body)
+    batch = body[0] != _OPEN_BRACE and body.lstrip()[:1] == b"["
+    # Fewer bytes or brackets than the bound allows cannot nest deeper than it.
+    deep = len(body) > _SHALLOW_BYTES and body.count(b"{") + body.count(b"[") > MAX_DEPTH
+    # Letters can be escaped only as \uXXXX and the slash also as \/: without either, a
+    # `tools/call` method and every key show literally (a text's \n or \" changes nothing).
+    escaped = b"\\" in body and (b"\\u" in body or b"\\/" in body)
+    if b"tools/call" not in body and not (batch or deep or escaped):
         return []
     try:
         message = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        message = _loads(body)
-    if isinstance(message, dict):
+    except orjson.JSONDecodeError as exc:
+        message = _parse_leniently(body, exc)
+    if deep and _deeper_than(message, MAX_DEPTH):
+        raise UnreadableRequest(PARSE_ERROR, _TOO_DEEP)
+    if type(message) is dict:
+        if (
+            escaped
+            or body.count(b'"method"') > 1
+            or body.count(b'"params"') > 1
+            or body.count(b'"name"') > 1
+        ):
+            _refuse_duplicate_keys(body)
         return [_seen(message)] if message.get("method") == TOOLS_CALL else []
-    if isinstance(message, list):
-        return [_seen(m) for m in message if isinstance(m, dict) and m.get("method") == TOOLS_CALL]
-    return []
+    if type(message) is not list:
+        return []
+    if len(message) > MAX_BATCH:
+        raise UnreadableRequest(
+            INVALID_REQUEST,
+            f"Invalid Request: a batch holds at most {MAX_BATCH} messages, this one {len(message)}",
+        )
+    if escaped or any(body.count(key) > len(message) for key in _DECIDING_KEYS):
+        _refuse_duplicate_keys(body)
+    return [_seen(m) for m in message if type(m) is dict and m.get("method") == TOOLS_CALL]
+
+
+_OPEN_BRACE = ord("{")
+# The shortest body nesting deeper than MAX_DEPTH: its brackets alone.
+_SHALLOW_BYTES = 2 * (MAX_DEPTH + 1) - 1
+_TOO_DEEP = f"Parse error: the body nests deeper than {MAX_DEPTH} levels"
+# Keys that decide what is called: named twice, a server that takes the first would call what
+# the gateway (which, like orjson, takes the last) never saw.
+_DECIDING_KEYS = (b'"method"', b'"params"', b'"name"')
+
+
+def _refuse_invalid_utf8(body: bytes) -> None:
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        raise UnreadableRequest(PARSE_ERROR, "Parse error: the body is not valid UTF-8") from None
+
+
+def _parse_leniently(body: bytes, refusal: orjson.JSONDecodeError) -> Any:
+    """What orjson refused: too deep, or JSON that some MCP servers accept (NaN, lone
+    surrogates, a BOM), read by the standard library so a call such a server runs is seen."""
+    if str(refusal).startswith(("depth limit", "recursion")):
+        raise UnreadableRequest(PARSE_ERROR, _TOO_DEEP)
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise UnreadableRequest(PARSE_ERROR, "Parse error: the body is not JSON") from None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels (without recursion: the
+    body may nest as deep as orjson goes)."""
+    if type(value) is not dict and type(value) is not list:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        for child in node.values() if type(node) is dict else node:
+            if type(child) is dict or type(child) is list:
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        names = [key for key, _ in pairs]
+        twice = next(key for key in names if names.count(key) > 1)
+        raise _DuplicateKey(f"the key {twice!r} is named twice in one object")
+    return found
+
+
+def _refuse_duplicate_keys(body: bytes) -> None:
+    try:
+        json.loads(body, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        raise UnreadableRequest(PARSE_ERROR, f"Parse error: {exc}") from None
+    except (ValueError, RecursionError):
+        pass  # parsed above (orjson): only the standard library's limits differ
 
 
 def _seen(message: dict[str, Any]) -> ToolCallSeen:

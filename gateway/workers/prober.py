@@ -18,7 +18,8 @@ from aiohttp import web
 
 from gateway.db import health_checks as health_checks_db
 from gateway.db import servers as servers_db
-from gateway.keys import HTTP, METRICS, POOL, SECRET_BOX, SETTINGS
+from gateway.keys import HTTP, METRICS, POOL, SECRET_BOX, SETTINGS, TOOL_LIST_MEMORY
+from gateway.mcp.client import ToolListMemory
 from gateway.mcp.probe import probe
 from gateway.metrics import Metrics
 from gateway.security.credentials import upstream_auth_headers
@@ -42,6 +43,8 @@ class Prober:
     # Background probes of one workspace in flight at once in this process.
     per_workspace: int = 5
     metrics: Metrics | None = None
+    # What this process may hold of tool lists at once (shared with the playground).
+    memory: ToolListMemory | None = None
 
     @classmethod
     def from_app(cls, app: web.Application) -> Prober:
@@ -56,14 +59,26 @@ class Prober:
             concurrency=settings.probe_concurrency,
             per_workspace=settings.probes_per_workspace,
             metrics=app[METRICS],
+            memory=app[TOOL_LIST_MEMORY],
         )
 
     async def probe_and_record(
-        self, server_id: uuid.UUID, url: str, auth_headers: Mapping[str, str]
+        self,
+        server_id: uuid.UUID,
+        workspace_id: uuid.UUID,
+        url: str,
+        auth_headers: Mapping[str, str],
     ) -> dict[str, Any] | None:
-        """One probe, stored; the stored check, or None if the server was deleted meanwhile."""
+        """One probe, stored; the stored check, or None if the server was deleted meanwhile.
+        Its tool list counts against the workspace's share of the process's tool list memory."""
         result = await probe(
-            self.http, url, auth_headers, timeout=self.timeout, degraded_ms=self.degraded_ms
+            self.http,
+            url,
+            auth_headers,
+            timeout=self.timeout,
+            degraded_ms=self.degraded_ms,
+            memory=self.memory,
+            owner=workspace_id,
         )
         if self.metrics is not None:
             self.metrics.probes.inc(result.status)
@@ -144,7 +159,7 @@ class Prober:
             return
         try:
             await self.probe_and_record(
-                row.id, row.url, upstream_auth_headers(row.auth_type, credentials)
+                row.id, row.workspace_id, row.url, upstream_auth_headers(row.auth_type, credentials)
             )
         except _DATABASE_ERRORS as exc:
             log.warning(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -137,6 +139,32 @@ async def test_rule_validation_edges(api: Api) -> None:
     )
     await api.patch("/alerts/rules/not-a-uuid", json={"threshold": 1}, auth=owner, expect=404)
     await api.patch(f"/alerts/rules/{uuid.uuid4()}", json={"threshold": 1}, auth=owner, expect=404)
+
+
+async def test_a_workspace_holds_at_most_its_bound_of_rules(
+    make_api: Callable[..., Awaitable[Api]],
+) -> None:
+    api = await make_api(max_alert_rules_per_workspace=3)
+    owner = await api.signup()
+    other = await api.signup()
+    body = {"name": "r", "metric": "call_count", "operator": ">", "threshold": 1}
+    body["window_minutes"] = 5
+    # Created at once, they still count each other.
+    replies = await asyncio.gather(
+        *(api.post("/alerts/rules", json=body, auth=owner) for _ in range(8))
+    )
+    assert sorted(reply.status for reply in replies) == [201] * 3 + [422] * 5
+    refused = next(reply for reply in replies if reply.status == 422)
+    assert refused.detail == (
+        "this workspace has 3 alert rules, the most it may have "
+        "(GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE): delete one first"
+    )
+    listed = await api.get("/alerts/rules", auth=owner, expect=200)
+    assert len(listed.body) == 3
+    # Another workspace has its own bound; a deleted rule makes room.
+    await api.post("/alerts/rules", json=body, auth=other, expect=201)
+    await api.delete(f"/alerts/rules/{listed.body[0]['id']}", auth=owner, expect=204)
+    await api.post("/alerts/rules", json=body, auth=owner, expect=201)
 
 
 async def test_server_must_belong_to_the_workspace(api: Api) -> None:

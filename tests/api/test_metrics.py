@@ -60,9 +60,18 @@ async def test_metrics_count_written_and_dropped_calls(api: Api, db: asyncpg.Con
             auth=key,
             expect=201,
         )
-        # The queue full (as after a long database outage): the call is answered, not logged.
+        # A call admitted before the queue filled up (as in a long database outage) and
+        # answered after: answered, but its row is dropped and counted.
+        upstream.delay = 0.5
+        answered = asyncio.create_task(
+            api.post(f"/proxy/{server_id}/mcp", json=call("t", 9), auth=key, expect=200)
+        )
+        await asyncio.sleep(0.2)
         api.app[CALL_LOG].max_rows = 0
-        await api.post(f"/proxy/{server_id}/mcp", json=call("t", 9), auth=key, expect=200)
+        await answered
+        # Calls that come while it is full are refused before they go upstream.
+        await api.post(f"/proxy/{server_id}/mcp", json=call("t", 10), auth=key, expect=503)
+    assert len(upstream.requests) == 4
 
     metrics = await scrape(api)
     # The ingested call is committed before its 201; the proxied ones may still be queued.

@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
 from gateway.api.models import EMAIL_PATTERN, NUL_FREE, TRIMMED, URL_PATTERN, Email, HttpUrl, Out
-from gateway.api.openapi import DOCS_STATIC, build_document
+from gateway.api.openapi import DOCS_INIT, DOCS_STATIC, build_document
 from gateway.api.routing import API_PREFIX, Routes, mount
 from gateway.app import create_app
 from gateway.auth import PUBLIC
@@ -91,7 +91,11 @@ def test_every_operation_documents_its_parameters_security_and_errors(
             for status, response in responses.items():
                 if int(status) >= 400:
                     schema = response["content"]["application/json"]["schema"]
-                    assert schema == {"$ref": "#/components/schemas/Error"}, where
+                    # Errors are {"detail"}, but for the MCP endpoints' own refusals, which
+                    # answer MCP clients in JSON-RPC.
+                    own = (path.endswith("/mcp"), status) == (True, "400")
+                    expected = "JsonRpcErrorResponse" if own else "Error"
+                    assert schema == {"$ref": f"#/components/schemas/{expected}"}, where
     assert len(operation_ids) == len(set(operation_ids))
     assert document["components"]["schemas"]["Error"]["required"] == ["detail"]
 
@@ -187,12 +191,29 @@ async def test_the_document_and_docs_page_are_served(api: Api) -> None:
     assert served.body == api.app[OPENAPI_DOCUMENT]
     docs = await api.get("/docs", expect=200)
     assert docs.headers["Content-Type"].startswith("text/html")
-    assert "SwaggerUIBundle" in docs.body
-    assert f"{API_PREFIX}/openapi.json" in docs.body
+    assert f'<script src="{DOCS_INIT}">' in docs.body
+    init = await api.get(DOCS_INIT, expect=200)
+    assert "SwaggerUIBundle" in init.body
+    assert f"{API_PREFIX}/openapi.json" in init.body
     for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
         assert f"{DOCS_STATIC}/{asset}" in docs.body
         reply = await api.get(f"{DOCS_STATIC}/{asset}", expect=200)
         assert len(reply.body) > 1000
+    await api.get(f"{DOCS_STATIC}/index.j2.missing", expect=404)
+    await api.get(f"{DOCS_STATIC}/..%2F__init__.py", expect=404)
+
+
+async def test_the_docs_pages_carry_the_dashboards_security_headers(api: Api) -> None:
+    """They share the dashboard's origin: a page there that could be framed, or that ran
+    scripts from elsewhere, would open the dashboard to clickjacking and injected script."""
+    for path in ("/docs", DOCS_INIT, f"{DOCS_STATIC}/swagger-ui-bundle.js"):
+        reply = await api.get(path, expect=200)
+        policy = reply.headers["Content-Security-Policy"]
+        assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy, path
+        assert reply.headers["X-Frame-Options"] == "DENY", path
+        assert reply.headers["X-Content-Type-Options"] == "nosniff", path
+    docs = await api.get("/docs", expect=200)
+    assert "<script>" not in docs.body  # no inline script: the policy would refuse it
 
 
 # -- the contract checker itself ------------------------------------------------------------

@@ -153,7 +153,7 @@ async def test_a_new_user_from_sign_up_to_alert_rule(
     # A schema violation is shown next to the field, and nothing is called.
     await page.get_by_label("Arguments for add (JSON object)").fill('{"a": "one"}')
     await page.get_by_role("button", name="Call add").click()
-    await expect(page.locator("#args-error-1")).to_contain_text("'one' is not of type 'integer'")
+    await expect(page.locator("#args-error-1")).to_contain_text('"one" is not of type "integer"')
 
     # The call is in the log, and in the charts.
     await page.get_by_role("link", name="Tool calls").first.click()
@@ -196,4 +196,17 @@ async def test_a_new_user_from_sign_up_to_alert_rule(
     await expect(page.locator(".verdict.good")).to_be_visible()
     await visitor.photograph("overview")
     assert visitor.problems == [], visitor.problems
+    await context.close()
+
+
+async def test_the_api_docs_render_under_their_security_policy(api: Api, chromium: Any) -> None:
+    """Swagger UI, on the dashboard's origin, works with scripts from here only."""
+    base = str(api.client.make_url("")).rstrip("/")
+    context = await chromium.new_context(viewport={"width": 1280, "height": 900})
+    visitor = Visitor(await context.new_page(), base)
+    await visitor.open("/api/v1/docs")
+    expect = playwright_api.expect
+    await expect(visitor.page.get_by_text("/api/v1/proxy/{server_id}/mcp").first).to_be_visible()
+    await visitor.photograph("api-docs")
+    assert visitor.problems == []
     await context.close()

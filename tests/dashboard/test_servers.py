@@ -286,7 +286,7 @@ async def test_playground_input_errors_are_next_to_the_arguments(
         ('{"a": NaN, "b": 1}', "not valid JSON"),  # standard JSON only, as in the API
         ("[" * 100_000, "not valid JSON"),  # too deep: refused, not a crash
         ("[1, 2]", "dictionary"),
-        ('{"a": "x"}', "a: 'x' is not of type 'integer'"),
+        ('{"a": "x"}', 'a: "x" is not of type "integer"'),
     ):
         page = await browser.post(
             f"/servers/{server_id}/tools/invoke", {"tool_name": "add", "arguments": arguments}

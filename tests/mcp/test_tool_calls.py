@@ -8,10 +8,14 @@ import orjson
 import pytest
 
 from gateway.mcp.tool_calls import (
+    INVALID_REQUEST,
+    MAX_BATCH,
     MAX_ERROR_CHARS,
     MAX_JUDGED_BYTES,
+    PARSE_ERROR,
     ReplyReader,
     ToolCallSeen,
+    UnreadableRequest,
     read_reply,
     tool_calls_in,
 )
@@ -39,9 +43,6 @@ def names(body: bytes) -> list[tuple[str, Any]]:
         b'\n  "params": {\n    "name": "add"\n  }\n}\n',
         # Minimal: no params at all is still a call, of an unnamed tool.
         b'{"method":"tools/call","id":1,"params":{"name":"add"}}',
-        # A later duplicate key wins, as in the SDK servers' parsers.
-        b'{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call",'
-        b'"params":{"name":"add"}}',
         # What orjson refuses but a Python SDK server accepts.
         b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"add",'
         b'"arguments":{"a":NaN}}}',
@@ -70,13 +71,101 @@ def test_a_batch_gives_each_call_with_its_id() -> None:
         b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"text":"tools/call"}}',
         b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"text":"tools\\/call"}}',
         b'{"jsonrpc":"2.0","id":1,"result":{"method":"tools/call"}}',
-        b"not json but tools/call",
-        b"[" * 5000 + b"]" * 5000 + b"\\",  # too deep for any parser: not a crash
         b'"tools/call"',
     ],
 )
 def test_anything_else_is_not_a_call(body: bytes) -> None:
     assert names(body) == []
+
+
+# -- what the gateway cannot read as the server would is refused, never forwarded unlogged ------
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        # A lenient server decodes invalid UTF-8 (or drops it) and may find a call in it.
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/ca\xffll","params":{"name":"x"}}', "UTF-8"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"t":"\xc3"}}', "UTF-8"),
+        # Deeper than 64 levels, in a call's arguments or anywhere else.
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":'
+            + b'{"a":' * 63
+            + b"1"
+            + b"}" * 63
+            + b"}}",
+            "deeper than 64",
+        ),
+        (b"[" * 65 + b"]" * 65, "deeper than 64"),
+        (b"[" * 5000 + b"]" * 5000 + b"\\", "deeper than 64"),  # deeper than parsers go
+        # A body that may hold a call but is not JSON.
+        (b"not json but tools/call", "not JSON"),
+        (b'{"method":"tools\\/call", oops}', "not JSON"),
+        # A deciding key named twice: a server taking the first would run what the gateway
+        # (taking the last) never saw, or under another name.
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"ping","params":{}}',
+            "'method' is named twice",
+        ),
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call",'
+            b'"params":{"name":"add"}}',
+            "'method' is named twice",
+        ),
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+            b'"params":{"name":"allowed","name":"other"}}',
+            "'name' is named twice",
+        ),
+        (
+            b'{"jsonrpc":"2.0","id":1,"\\u006dethod":"tools/call","method":"ping"}',
+            "'method' is named twice",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_what_cannot_be_read_as_the_server_reads_it_is_a_parse_error(
+    body: bytes, problem: str
+) -> None:
+    with pytest.raises(UnreadableRequest) as refused:
+        tool_calls_in(body)
+    assert refused.value.code == PARSE_ERROR
+    assert problem in refused.value.message
+
+
+def test_a_batch_holds_at_most_100_messages() -> None:
+    ping = {"jsonrpc": "2.0", "method": "notifications/progress"}
+    assert tool_calls_in(orjson.dumps([ping] * MAX_BATCH)) == []
+    with pytest.raises(UnreadableRequest) as refused:
+        tool_calls_in(b" \n" + orjson.dumps([ping] * (MAX_BATCH + 1)))
+    assert refused.value.code == INVALID_REQUEST
+    assert "at most 100 messages" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # 64 levels, arguments with many objects, keys named like the deciding ones where
+        # that changes nothing, escapes in texts, text that is not ASCII.
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":'
+        + b'{"a":' * 62
+        + b"1"
+        + b"}" * 62
+        + b"}}",
+        orjson.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "x", "arguments": {"rows": [{"name": i} for i in range(200)]}},
+            }
+        ),
+        '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":'
+        '{"text":"line\\none \\"quoted\\" \\u00e9t\u00e9 \u65e5\u672c"}}}'.encode(),
+    ],
+)
+def test_ordinary_calls_are_read(body: bytes) -> None:
+    assert names(body) == [("x", 1)]
 
 
 def test_names_are_made_storable_and_bounded() -> None:
