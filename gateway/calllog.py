@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import operator
 import time
@@ -61,6 +62,8 @@ class ToolCall(NamedTuple):
 
 
 _WORKSPACE_OF = operator.itemgetter(1)  # a ToolCall's workspace_id
+# How often the rows waiting are counted by workspace, while they are many.
+_SHARES_SECONDS = 0.05
 
 
 def new_call_id() -> uuid.UUID:
@@ -235,11 +238,14 @@ class CallLog:
         self._closed = False
         self.stats = CallLogStats()
         self._last_drop_warning = 0.0
-        # Rows not yet stored, by workspace (queued, being written or waiting for a retry).
         # One workspace may hold at most `workspace_rows` of the bound, so a tenant's flood
-        # of calls (or a long database outage it fills) leaves room for everyone else's.
-        self._by_workspace: dict[uuid.UUID, int] = {}
+        # of calls (or a long database outage it fills) leaves room for everyone else's. While
+        # fewer rows than that wait in all, nobody can be over its share and nothing is counted
+        # (the proxy's every call asks); past it, rows are counted by workspace at most every
+        # _SHARES_SECONDS, and what is admitted meanwhile is added to the count.
         self.workspace_rows = max(1, int(max_rows * workspace_share))
+        self._shares: Counter[uuid.UUID] = Counter()
+        self._shares_at = -_SHARES_SECONDS
 
     # -- producers -------------------------------------------------------------------------
 
@@ -249,11 +255,25 @@ class CallLog:
     def has_room(self, workspace_id: uuid.UUID, count: int) -> bool:
         """Whether `count` more calls of the workspace fit now: within the bound, and within
         the workspace's share of it. The proxy asks before forwarding calls it will log."""
-        return (
-            len(self._rows) + self._held + count <= self.max_rows
-            and self._by_workspace.get(workspace_id, 0) + count <= self.workspace_rows
-            and not self._closed
-        )
+        waiting = len(self._rows) + self._held + count
+        if waiting <= self.workspace_rows:  # the usual case: no share can be full
+            return not self._closed
+        if waiting > self.max_rows or self._closed:
+            return False
+        shares = self._counted_shares()
+        if shares[workspace_id] + count > self.workspace_rows:
+            return False
+        shares[workspace_id] += count
+        return True
+
+    def _counted_shares(self) -> Counter[uuid.UUID]:
+        now = time.monotonic()
+        if now - self._shares_at >= _SHARES_SECONDS:
+            unstored = [self._rows, *(batch for batch, _ in self._writing.values())]
+            unstored += [retry.batch for retry in self._retries]
+            self._shares = Counter(map(_WORKSPACE_OF, itertools.chain.from_iterable(unstored)))
+            self._shares_at = now
+        return self._shares
 
     def add(self, call: ToolCall) -> None:
         """Queue one call; never waits. When the queue is full the call is dropped and counted."""
@@ -262,9 +282,6 @@ class CallLog:
             return
         rows = self._rows
         rows.append(call)
-        by_workspace = self._by_workspace
-        workspace_id = call.workspace_id
-        by_workspace[workspace_id] = by_workspace.get(workspace_id, 0) + 1
         # The writer sleeps only while nothing is queued, or while a batch is in flight and the
         # next is still gathering: it needs waking for the first row and for a full batch only.
         if len(rows) == 1:
@@ -287,7 +304,7 @@ class CallLog:
                 headers={"Retry-After": "1"},
             )
         wanted = Counter(map(_WORKSPACE_OF, calls))
-        if any(self._by_workspace.get(w, 0) + n > self.workspace_rows for w, n in wanted.items()):
+        if not all(self.has_room(workspace_id, n) for workspace_id, n in wanted.items()):
             raise ServiceUnavailable(
                 "this workspace's share of the tool call log is full (database slow or "
                 "unavailable?); retry shortly",
@@ -296,7 +313,6 @@ class CallLog:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         start = len(self._rows)
         self._rows.extend(calls)
-        self._hold(calls)
         self._waiters.append((start, len(self._rows), future))
         self._wakeup.set()
         if len(self._rows) >= self._batch_rows:
@@ -328,14 +344,12 @@ class CallLog:
         when a batch attempt has them in flight."""
         for index, (start, end, waiting) in enumerate(self._waiters):
             if waiting is future:
-                self._release(self._rows[start:end])
                 del self._rows[start:end]
                 self._waiters[index:] = _shifted(self._waiters[index + 1 :], end - start)
                 return True
         for retry in self._retries:
             for index, (start, end, waiting) in enumerate(retry.waiters):
                 if waiting is future:
-                    self._release(retry.batch[start:end])
                     del retry.batch[start:end]
                     retry.waiters[index:] = _shifted(retry.waiters[index + 1 :], end - start)
                     self._held -= end - start
@@ -354,22 +368,6 @@ class CallLog:
                 len(self),
                 self.stats.dropped,
             )
-
-    def _hold(self, calls: Sequence[ToolCall]) -> None:
-        by_workspace = self._by_workspace
-        for workspace_id, count in Counter(map(_WORKSPACE_OF, calls)).items():
-            by_workspace[workspace_id] = by_workspace.get(workspace_id, 0) + count
-
-    def _release(self, calls: Sequence[ToolCall]) -> None:
-        """Rows that left the log (stored, set aside, taken back or given up)."""
-        by_workspace = self._by_workspace
-        # Counted in C, a batch at a time: the writer pays for it, not the proxy.
-        for workspace_id, count in Counter(map(_WORKSPACE_OF, calls)).items():
-            left = by_workspace[workspace_id] - count
-            if left:
-                by_workspace[workspace_id] = left
-            else:
-                del by_workspace[workspace_id]
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -459,7 +457,6 @@ class CallLog:
         batch, waiters = self._writing.pop(task)
         if task.cancelled():  # shutdown gave up on it, maybe before it even started
             self._held -= len(batch)
-            self._release(batch)
             for _, _, future in waiters:
                 if not future.done():
                     future.set_exception(ServiceUnavailable("the gateway shut down before storing"))
@@ -474,8 +471,6 @@ class CallLog:
             await self._write(batch, waiters, retry=backoff is not None)
         except _Unfinished as exc:
             self._held -= len(batch) - len(exc.batch)
-            self._release(batch)
-            self._hold(exc.batch)
             delay = self._failed(
                 exc.batch, exc.waiters, backoff, pause_all=isinstance(exc.cause, _DATABASE_DOWN)
             )
@@ -497,7 +492,6 @@ class CallLog:
             )
         else:
             self._held -= len(batch)
-            self._release(batch)
 
     def _failed(
         self,
@@ -648,7 +642,4 @@ class CallLog:
             if not future.done():
                 future.set_exception(exc)
         self._held -= sum(len(retry.batch) for retry in self._retries)
-        for retry in self._retries:
-            self._release(retry.batch)
-        self._release(self._rows)
         self._rows, self._waiters, self._retries = [], [], []

@@ -56,6 +56,14 @@ class ValidationFailed(ApiError):
     status = 422
 
 
+class BoundReached(ValidationFailed):
+    """A workspace (or user) holds as many of something as this gateway allows: 422, saying
+    what it holds, the setting that bounds it, and what to do."""
+
+    def __init__(self, holding: str, setting: str, remedy: str) -> None:
+        super().__init__(f"{holding}, the most this gateway allows ({setting}): {remedy}")
+
+
 class TooManyRequests(ApiError):
     status = 429
 

@@ -228,17 +228,26 @@ class _Outcome:
 
 
 class InFlight:
-    """Proxied requests in flight in this process, by workspace (the proxy counts them
-    itself): admitted while the workspace holds fewer than `per_workspace` and the process
-    fewer than `total`."""
+    """Proxied requests in flight in this process, by workspace: admitted while the workspace
+    holds fewer than `per_workspace` and the process fewer than `total`. The proxy counts in
+    each workspace's slot (a one-item list) in place: one dictionary lookup per request."""
 
     __slots__ = ("by_workspace", "count", "per_workspace", "total")
 
     def __init__(self, per_workspace: int, total: int) -> None:
-        self.by_workspace: dict[uuid.UUID, int] = {}
+        self.by_workspace: dict[uuid.UUID, list[int]] = {}
         self.per_workspace = per_workspace
         self.total = total
         self.count = 0
+
+    def slot(self, workspace_id: uuid.UUID) -> list[int]:
+        """A new slot for the workspace (idle ones are dropped now and then)."""
+        if len(self.by_workspace) >= _SLOTS_KEPT:
+            idle = [key for key, slot in self.by_workspace.items() if not slot[0]]
+            for key in idle:
+                del self.by_workspace[key]
+        slot = self.by_workspace[workspace_id] = [0]
+        return slot
 
     def refuse(self, held: int) -> NoReturn:
         """429: the workspace (holding `held`), or the whole process, is at its bound."""
@@ -253,6 +262,9 @@ class InFlight:
             retry_after=1,
         )
 
+
+# Workspaces with a slot before idle ones are dropped.
+_SLOTS_KEPT = 10_000
 
 # Descriptors kept for everything but proxied requests (logins, the API, the database pool,
 # probes and webhooks), out of the process's limit.
@@ -362,11 +374,10 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
         raise NotFound("server not found")
     # Counted in flight (InFlight, inlined: every proxied call pays for each Python call).
     in_flight = proxying.in_flight
-    by_workspace = in_flight.by_workspace
-    held = by_workspace.get(workspace_id, 0)
-    if held >= in_flight.per_workspace or in_flight.count >= in_flight.total:
-        in_flight.refuse(held)
-    by_workspace[workspace_id] = held + 1
+    slot = in_flight.by_workspace.get(workspace_id) or in_flight.slot(workspace_id)
+    if slot[0] >= in_flight.per_workspace or in_flight.count >= in_flight.total:
+        in_flight.refuse(slot[0])
+    slot[0] += 1
     in_flight.count += 1
     try:  # (one coroutine, not two: every proxied call pays for each)
         body = b""
@@ -407,12 +418,8 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
                 _record(request, proxying.call_log, upstream, outcome, started)
             _count(proxying.metrics, request.method, server_id, outcome, started)
     finally:
+        slot[0] -= 1
         in_flight.count -= 1
-        held = by_workspace[workspace_id] - 1
-        if held:
-            by_workspace[workspace_id] = held
-        else:
-            del by_workspace[workspace_id]
 
 
 @functools.lru_cache(maxsize=256)  # aiohttp parses Content-Type afresh for every response

@@ -14,7 +14,8 @@ from gateway.api.models import WHOLE, Body, HttpUrl, Name, Out, Page, refuse_lit
 from gateway.api.routing import Routes
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import alerts as alerts_db
-from gateway.errors import NotFound, ValidationFailed
+from gateway.db.bounds import AtBound
+from gateway.errors import BoundReached, NotFound
 from gateway.keys import POOL, SETTINGS
 
 routes = Routes("alerts")
@@ -183,10 +184,11 @@ async def create_rule(request: web.Request, body: RuleIn) -> dict[str, Any]:
             raise NotFound("server not found")
         try:
             return await alerts_db.create_rule(conn, workspace_id, body.model_dump(), limit)
-        except alerts_db.TooManyRules:
-            raise ValidationFailed(
-                f"this workspace has {limit} alert rules, the most it may have "
-                "(GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE): delete one first"
+        except AtBound:
+            raise BoundReached(
+                f"this workspace has {limit} alert rules",
+                "GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE",
+                "delete one first",
             ) from None
 
 

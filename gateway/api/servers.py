@@ -29,7 +29,8 @@ from gateway.api.models import (
 from gateway.api.routing import Routes, validation_detail
 from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import servers as servers_db
-from gateway.errors import NotFound, ValidationFailed
+from gateway.db.bounds import AtBound
+from gateway.errors import BoundReached, NotFound, ValidationFailed
 from gateway.keys import POOL, SECRET_BOX, SETTINGS, UPSTREAMS
 from gateway.security.credentials import (
     REFUSED_HEADER_NAMES,
@@ -299,10 +300,11 @@ async def create_server(request: web.Request, body: ServerIn) -> dict[str, Any]:
                 credentials=_seal(request, credentials),
                 limit=limit,
             )
-        except servers_db.TooMany:
-            raise ValidationFailed(
-                f"this workspace has {limit} servers, the most it may have "
-                "(GATEWAY_MAX_SERVERS_PER_WORKSPACE): delete one first"
+        except AtBound:
+            raise BoundReached(
+                f"this workspace has {limit} servers",
+                "GATEWAY_MAX_SERVERS_PER_WORKSPACE",
+                "delete one first",
             ) from None
 
 

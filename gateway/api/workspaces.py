@@ -17,7 +17,8 @@ from gateway.db import invites as invites_db
 from gateway.db import memberships as memberships_db
 from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
-from gateway.errors import BadRequest, Forbidden, NotFound, TooManyRequests, ValidationFailed
+from gateway.db.bounds import AtBound
+from gateway.errors import BadRequest, BoundReached, Forbidden, NotFound, TooManyRequests
 from gateway.keys import AUTHENTICATOR, MAILER, POOL, SETTINGS
 from gateway.security.api_keys import DISPLAY_PREFIX_LENGTH, new_api_key
 from gateway.security.tokens import hash_token, invite_token
@@ -132,10 +133,11 @@ async def create_workspace(request: web.Request, body: WorkspaceIn) -> dict[str,
                 personal=False,
                 limit=limit,
             )
-        except workspaces_db.TooMany:
-            raise ValidationFailed(
-                f"you belong to {limit} workspaces, the most this gateway allows when creating "
-                "another (GATEWAY_MAX_WORKSPACES_PER_USER): leave or delete one first"
+        except AtBound:
+            raise BoundReached(
+                f"you belong to {limit} workspaces",
+                "GATEWAY_MAX_WORKSPACES_PER_USER",
+                "leave or delete one before creating another",
             ) from None
 
 
@@ -244,10 +246,11 @@ async def invite_member(
                 f"this gateway allows (GATEWAY_INVITES_PER_HOUR): retry in {exc.retry_after} s",
                 retry_after=exc.retry_after,
             ) from None
-        except invites_db.TooManyPending:
-            raise ValidationFailed(
-                f"this workspace has {bounds.max_pending} pending invitations, the most this "
-                "gateway allows (GATEWAY_MAX_PENDING_INVITES_PER_WORKSPACE): revoke some first"
+        except AtBound:
+            raise BoundReached(
+                f"this workspace has {bounds.max_pending} pending invitations",
+                "GATEWAY_MAX_PENDING_INVITES_PER_WORKSPACE",
+                "revoke some first",
             ) from None
         workspace = await workspaces_db.get(conn, workspace_id, inviter_id)
         inviter = await users_db.by_id(conn, inviter_id)
@@ -366,10 +369,11 @@ async def create_api_key(
                 _user_id(request[PRINCIPAL]),
                 limit,
             )
-        except api_keys_db.TooMany:
-            raise ValidationFailed(
-                f"this workspace has {limit} API keys, the most this gateway allows "
-                "(GATEWAY_MAX_API_KEYS_PER_WORKSPACE): revoke one first"
+        except AtBound:
+            raise BoundReached(
+                f"this workspace has {limit} API keys",
+                "GATEWAY_MAX_API_KEYS_PER_WORKSPACE",
+                "revoke one first",
             ) from None
     created["key"] = raw
     return created

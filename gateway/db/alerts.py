@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from gateway.db.bounds import make_room
 from gateway.db.types import Connection, Executor
 
 RULE_COLUMNS = (
@@ -42,9 +43,6 @@ RETURNING {RULE_COLUMNS}
 
 _DELETE_RULE = "DELETE FROM alert_rules WHERE id = $1 AND workspace_id = $2 RETURNING id"
 
-# Held by the transaction that creates a rule, so that rules created at once count each other
-# (NO KEY: rows referring to the workspace are not held up).
-_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
 _COUNT_RULES = "SELECT count(*) FROM alert_rules WHERE workspace_id = $1"
 
 # Locks the server against deletion until the rule that names it is written.
@@ -144,18 +142,12 @@ async def lock_server(conn: Connection, workspace_id: uuid.UUID, server_id: uuid
     return await conn.fetchval(_LOCK_SERVER, server_id, workspace_id) is not None
 
 
-class TooManyRules(Exception):
-    """The workspace holds as many alert rules as it may."""
-
-
 async def create_rule(
     conn: Connection, workspace_id: uuid.UUID, fields: Mapping[str, Any], limit: int
 ) -> dict[str, Any]:
     """A new rule, in the caller's transaction, unless the workspace already holds `limit`
-    of them (TooManyRules)."""
-    await conn.execute(_LOCK_WORKSPACE, workspace_id)
-    if await conn.fetchval(_COUNT_RULES, workspace_id) >= limit:
-        raise TooManyRules
+    of them (AtBound)."""
+    await make_room(conn, workspace_id, _COUNT_RULES, limit)
     row = await conn.fetchrow(_INSERT_RULE, workspace_id, *(fields[f] for f in RULE_FIELDS))
     assert row is not None
     return dict(row)

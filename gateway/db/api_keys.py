@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.db.bounds import make_room
 from gateway.db.types import Connection, Executor
 
 
@@ -38,9 +39,6 @@ FROM api_keys k WHERE workspace_id = $1 AND revoked_at IS NULL
 ORDER BY created_at DESC
 """
 
-# Held by the transaction that creates a key, so that keys created at once count each other
-# (NO KEY: rows referring to the workspace are not held up).
-_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
 _COUNT_ACTIVE = "SELECT count(*) FROM api_keys WHERE workspace_id = $1 AND revoked_at IS NULL"
 
 _REVOKE = """
@@ -61,10 +59,6 @@ async def find_active(db: Executor, key_hash: str) -> ActiveKey | None:
     return None if row is None else ActiveKey(row["id"], row["workspace_id"])
 
 
-class TooMany(Exception):
-    """The workspace holds as many active keys as it may."""
-
-
 async def insert(
     conn: Connection,
     workspace_id: uuid.UUID,
@@ -74,11 +68,9 @@ async def insert(
     created_by: uuid.UUID,
     limit: int,
 ) -> dict[str, Any]:
-    """A new key, unless the workspace already holds `limit` active ones (TooMany)."""
+    """A new key, unless the workspace already holds `limit` active ones (AtBound)."""
     async with conn.transaction():
-        await conn.execute(_LOCK_WORKSPACE, workspace_id)
-        if await conn.fetchval(_COUNT_ACTIVE, workspace_id) >= limit:
-            raise TooMany
+        await make_room(conn, workspace_id, _COUNT_ACTIVE, limit)
         row = await conn.fetchrow(_INSERT, workspace_id, name, prefix, key_hash, created_by)
     assert row is not None
     return dict(row)

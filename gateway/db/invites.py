@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.db.bounds import AtBound, hold_workspace
 from gateway.db.types import Connection, Executor
 from gateway.security.tokens import hash_token
 
@@ -56,10 +57,6 @@ WHERE i.token_hash = $1 AND i.status = 'pending' AND i.expires_at > now()
 """
 
 
-# Held by the transaction that creates an invitation, so that invitations created at once
-# count each other (NO KEY: rows referring to the workspace are not held up).
-_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
-
 # Every invitation created in the last hour counts, revoked and replaced ones too: each was an
 # email. Of the newest `limit`, the oldest says when the window has room again.
 _SENT_LAST_HOUR = """
@@ -86,10 +83,6 @@ class Bounds:
     per_hour: int
 
 
-class TooManyPending(Exception):
-    """The workspace holds as many pending invitations as it may."""
-
-
 class SendingTooFast(Exception):
     """The workspace sent as many invitations as it may this hour."""
 
@@ -110,15 +103,15 @@ async def replace(
     ttl_days: int,
 ) -> dict[str, Any]:
     """A new invitation in place of the email's pending one, in the caller's transaction,
-    within the workspace's bounds (SendingTooFast, TooManyPending otherwise)."""
-    await conn.execute(_LOCK_WORKSPACE, workspace_id)
+    within the workspace's bounds (SendingTooFast, AtBound otherwise)."""
+    await hold_workspace(conn, workspace_id)
     recent = await conn.fetchrow(_SENT_LAST_HOUR, workspace_id, bounds.per_hour)
     assert recent is not None
     if recent["sent"] >= bounds.per_hour:
         raise SendingTooFast(max(1, math.ceil(recent["frees_in"])))
     await revoke_pending_for_email(conn, workspace_id, email)
     if await conn.fetchval(_COUNT_PENDING, workspace_id) >= bounds.max_pending:
-        raise TooManyPending
+        raise AtBound
     return await insert(
         conn, invite_id, workspace_id, email, role, token_hash, invited_by, ttl_days
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 import asyncpg
 
+from gateway.db.bounds import hold_workspace
 from gateway.db.types import Connection, Executor
 
 _ROLE_OF = "SELECT role FROM memberships WHERE workspace_id = $1 AND user_id = $2"
@@ -39,9 +40,6 @@ ORDER BY m.joined_at, u.email
 
 # Both guarded statements refuse to leave a workspace without an owner; the row lock on the
 # workspace serialises concurrent demotions so two owners cannot demote each other at once.
-# NO KEY: a call log batch or a rollup rebuild holding the workspace (FOR KEY SHARE) does not
-# hold up a role change.
-_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
 _OTHER_OWNERS = """
 SELECT count(*) FROM memberships WHERE workspace_id = $1 AND role = 'owner' AND user_id <> $2
 """
@@ -86,7 +84,7 @@ class Outranked(Exception):
 
 
 async def _locked_role(conn: Connection, workspace_id: uuid.UUID, user_id: uuid.UUID) -> str | None:
-    await conn.execute(_LOCK_WORKSPACE, workspace_id)
+    await hold_workspace(conn, workspace_id)
     return await role_of(conn, workspace_id, user_id)
 
 

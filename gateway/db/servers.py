@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.db.bounds import make_room
 from gateway.db.types import Connection, Executor
 
 
@@ -47,10 +48,6 @@ class LockedServer:
     auth_type: str | None
 
 
-class TooMany(Exception):
-    """The workspace holds as many servers as it may."""
-
-
 @dataclass(frozen=True, slots=True)
 class SealedCredentials:
     id: uuid.UUID
@@ -66,9 +63,6 @@ _UPSTREAM = """
 SELECT id, workspace_id, name, url, auth_type, credentials FROM servers WHERE id = $1
 """
 
-# Held by the transaction that registers a server, so that servers registered at once count
-# each other (NO KEY: rows referring to the workspace are not held up).
-_LOCK_WORKSPACE = "SELECT 1 FROM workspaces WHERE id = $1 FOR NO KEY UPDATE"
 _COUNT = "SELECT count(*) FROM servers WHERE workspace_id = $1"
 
 _INSERT = f"""
@@ -182,11 +176,9 @@ async def create(
     credentials: bytes | None,
     limit: int,
 ) -> dict[str, Any]:
-    """A new server, unless the workspace already holds `limit` of them (TooMany)."""
+    """A new server, unless the workspace already holds `limit` of them (AtBound)."""
     async with conn.transaction():
-        await conn.execute(_LOCK_WORKSPACE, workspace_id)
-        if await conn.fetchval(_COUNT, workspace_id) >= limit:
-            raise TooMany
+        await make_room(conn, workspace_id, _COUNT, limit)
         row = await conn.fetchrow(
             _INSERT, workspace_id, name, url, description, tags, auth_type, credentials
         )

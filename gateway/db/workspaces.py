@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from gateway.db import users as users_db
+from gateway.db.bounds import AtBound
 from gateway.db.types import Connection, Executor
 
 _COLUMNS = "w.id, w.name, w.slug, w.is_personal, w.created_at, m.role"
@@ -57,10 +58,6 @@ _SLUG_TAKEN = "SELECT EXISTS (SELECT 1 FROM workspaces WHERE slug = $1)"
 _COUNT_FOR_USER = "SELECT count(*) FROM memberships WHERE user_id = $1"
 
 
-class TooMany(Exception):
-    """The user belongs to as many workspaces as one may when creating another."""
-
-
 def slugify(name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:50] or "workspace"
     return slug if len(slug) >= 2 else f"{slug}-ws"
@@ -84,13 +81,13 @@ async def create(
     limit: int | None = None,
 ) -> dict[str, Any]:
     """A workspace owned by owner_id, in the caller's transaction; without `slug`, one derived
-    from the name. With `limit`, refused (TooMany) when the owner already belongs to that many
+    from the name. With `limit`, refused (AtBound) when the owner already belongs to that many
     workspaces; the owner's row is locked first, so creations at once count each other (and
     derive their slugs one after the other)."""
     if limit is not None:
         await users_db.lock(conn, owner_id)
         if await conn.fetchval(_COUNT_FOR_USER, owner_id) >= limit:
-            raise TooMany
+            raise AtBound
     slug = slug or await free_slug(conn, name)
     row = await conn.fetchrow(_INSERT, name, slug, personal, owner_id)
     assert row is not None

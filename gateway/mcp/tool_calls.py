@@ -85,43 +85,43 @@ def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
     it into a call the gateway never saw), nests deeper than MAX_DEPTH, is a batch of more
     than MAX_BATCH messages (each call is a row of the shared call log), names a key that
     decides what is called twice in one object, or may hold a call but is not JSON the
-    gateway can read. Every proxied body comes this way: most cost a few byte scans, and only
-    those that may hold a call, a batch or deep nesting are parsed.
+    gateway can read. Every proxied body comes this way, so the usual ones cost little: a body
+    without `tools/call` a few byte scans (it is parsed only if it may be a batch, nest deeply
+    or spell a call with escapes), a compact one with it a parse and a serialisation.
     """
-    if not body.isascii():  # a flag check: most bodies are ASCII
-        _refuse_invalid_utf8(body)
-    batch = body[0] != _OPEN_BRACE and body.lstrip()[:1] == b"["
-    # Fewer bytes or brackets than the bound allows cannot nest deeper than it.
-    deep = len(body) > _SHALLOW_BYTES and body.count(b"{") + body.count(b"[") > MAX_DEPTH
-    # Letters can be escaped only as \uXXXX and the slash also as \/: without either, a
-    # `tools/call` method and every key show literally (a text's \n or \" changes nothing).
-    escaped = b"\\" in body and (b"\\u" in body or b"\\/" in body)
-    if b"tools/call" not in body and not (batch or deep or escaped):
-        return []
-    try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        message = _parse_leniently(body, exc)
+    if b"tools/call" in body:
+        message = _parse(body)  # orjson checks the UTF-8
+        deep = len(body) > _SHALLOW_BYTES and _may_nest_deeply(body)
+    else:
+        if not body.isascii():  # a flag check: most bodies are ASCII
+            _refuse_invalid_utf8(body)
+        # Letters can be escaped only as \uXXXX and the slash also as \/: without either, a
+        # `tools/call` method and every key show literally (a text's \n or \" changes nothing).
+        escaped = b"\\" in body and (b"\\u" in body or b"\\/" in body)
+        batch = body[0] != _OPEN_BRACE and body.lstrip()[:1] == b"["
+        deep = _may_nest_deeply(body)
+        if not (escaped or batch or deep):
+            return []
+        message = _parse(body)
     if deep and _deeper_than(message, MAX_DEPTH):
         raise UnreadableRequest(PARSE_ERROR, _TOO_DEEP)
-    if type(message) is dict:
-        if (
-            escaped
-            or body.count(b'"method"') > 1
-            or body.count(b'"params"') > 1
-            or body.count(b'"name"') > 1
-        ):
-            _refuse_duplicate_keys(body)
-        return [_seen(message)] if message.get("method") == TOOLS_CALL else []
-    if type(message) is not list:
-        return []
-    if len(message) > MAX_BATCH:
+    batch = type(message) is list
+    if batch and len(message) > MAX_BATCH:
         raise UnreadableRequest(
             INVALID_REQUEST,
             f"Invalid Request: a batch holds at most {MAX_BATCH} messages, this one {len(message)}",
         )
-    if escaped or any(body.count(key) > len(message) for key in _DECIDING_KEYS):
-        _refuse_duplicate_keys(body)
+    try:
+        canonical = orjson.dumps(message) == body
+    except orjson.JSONEncodeError:  # a lone surrogate, read by the lenient parse
+        canonical = False
+    if not canonical:
+        # Not spelled as orjson writes it (whitespace, escapes, or a key named twice, which
+        # the parse dropped): the deciding keys are counted, and checked one by one if need be.
+        _refuse_repeated_deciding_keys(body, message)
+    if not batch:
+        is_call = type(message) is dict and message.get("method") == TOOLS_CALL
+        return [_seen(message)] if is_call else []
     return [_seen(m) for m in message if type(m) is dict and m.get("method") == TOOLS_CALL]
 
 
@@ -141,15 +141,29 @@ def _refuse_invalid_utf8(body: bytes) -> None:
         raise UnreadableRequest(PARSE_ERROR, "Parse error: the body is not valid UTF-8") from None
 
 
+def _parse(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return _parse_leniently(body, exc)
+
+
 def _parse_leniently(body: bytes, refusal: orjson.JSONDecodeError) -> Any:
-    """What orjson refused: too deep, or JSON that some MCP servers accept (NaN, lone
-    surrogates, a BOM), read by the standard library so a call such a server runs is seen."""
+    """What orjson refused: not UTF-8, too deep, or JSON that some MCP servers accept (NaN,
+    lone surrogates, a BOM), read by the standard library so a call such a server runs is
+    seen."""
+    _refuse_invalid_utf8(body)
     if str(refusal).startswith(("depth limit", "recursion")):
         raise UnreadableRequest(PARSE_ERROR, _TOO_DEEP)
     try:
         return json.loads(body)
     except (ValueError, RecursionError):
         raise UnreadableRequest(PARSE_ERROR, "Parse error: the body is not JSON") from None
+
+
+def _may_nest_deeply(body: bytes) -> bool:
+    """Whether the body has the bytes and the brackets to nest deeper than MAX_DEPTH."""
+    return len(body) > _SHALLOW_BYTES and body.count(b"{") + body.count(b"[") > MAX_DEPTH
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -166,6 +180,12 @@ def _deeper_than(value: Any, limit: int) -> bool:
                     return True
                 stack.append((child, depth + 1))
     return False
+
+
+def _refuse_repeated_deciding_keys(body: bytes, message: Any) -> None:
+    messages = len(message) if type(message) is list else 1
+    if b"\\u" in body or any(body.count(key) > messages for key in _DECIDING_KEYS):
+        _refuse_duplicate_keys(body)
 
 
 class _DuplicateKey(ValueError):

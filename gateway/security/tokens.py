@@ -10,6 +10,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import jwt
 
@@ -35,12 +36,12 @@ class EmailClaims:
     email: str
 
 
-def issue_access_token(secret: str, ttl_seconds: int, claims: AccessClaims) -> str:
+def _issue(secret: str, kind: str, ttl_seconds: int, claims: dict[str, str]) -> str:
+    """A signed JWT of one `type` (its purpose): a token of one kind never passes as another."""
     now = int(time.time())
     payload = {
-        "sub": str(claims.user_id),
-        "wid": str(claims.workspace_id),
-        "type": "access",
+        **claims,
+        "type": kind,
         "iat": now,
         "exp": now + ttl_seconds,
         "jti": secrets.token_hex(8),
@@ -48,21 +49,36 @@ def issue_access_token(secret: str, ttl_seconds: int, claims: AccessClaims) -> s
     return jwt.encode(payload, secret, algorithm="HS256")
 
 
-def read_access_token(secret: str, token: str) -> AccessClaims:
+def _read(
+    secret: str, token: str, kind: str, required: list[str], expired: str, invalid: str
+) -> dict[str, Any]:
+    """The claims of a JWT of this `type`, HS256 only, else InvalidToken(`expired` or
+    `invalid`)."""
     try:
-        payload = jwt.decode(
-            token, secret, algorithms=["HS256"], options={"require": ["exp", "sub", "wid"]}
+        payload: dict[str, Any] = jwt.decode(
+            token, secret, algorithms=["HS256"], options={"require": ["exp", *required]}
         )
     except jwt.ExpiredSignatureError:
-        raise InvalidToken("access token expired") from None
+        raise InvalidToken(expired) from None
     except jwt.PyJWTError:
-        raise InvalidToken("invalid access token") from None
-    if payload.get("type") != "access":
-        raise InvalidToken("invalid access token")
+        raise InvalidToken(invalid) from None
+    if payload.get("type") != kind or not all(isinstance(payload[c], str) for c in required):
+        raise InvalidToken(invalid)
+    return payload
+
+
+def issue_access_token(secret: str, ttl_seconds: int, claims: AccessClaims) -> str:
+    subject = {"sub": str(claims.user_id), "wid": str(claims.workspace_id)}
+    return _issue(secret, "access", ttl_seconds, subject)
+
+
+def read_access_token(secret: str, token: str) -> AccessClaims:
+    invalid = "invalid access token"
+    payload = _read(secret, token, "access", ["sub", "wid"], "access token expired", invalid)
     try:
         return AccessClaims(uuid.UUID(payload["sub"]), uuid.UUID(payload["wid"]))
-    except (ValueError, TypeError, AttributeError):
-        raise InvalidToken("invalid access token") from None
+    except ValueError:
+        raise InvalidToken(invalid) from None
 
 
 def new_opaque_token() -> str:
@@ -82,34 +98,17 @@ def invite_token(secret: str, invite_id: uuid.UUID) -> str:
 
 
 def issue_email_token(secret: str, claims: EmailClaims, ttl_seconds: int) -> str:
-    """The token of an email verification link: signed, expiring, and bound to its purpose
-    (its `type` is not "access", so it never passes as an access token, nor one as it), to
-    the user and to the address it was sent to."""
-    now = int(time.time())
-    payload = {
-        "sub": str(claims.user_id),
-        "email": claims.email,
-        "type": _EMAIL_VERIFICATION,
-        "iat": now,
-        "exp": now + ttl_seconds,
-        "jti": secrets.token_hex(8),
-    }
-    return jwt.encode(payload, secret, algorithm="HS256")
+    """The token of an email verification link: signed, expiring, and bound to its purpose,
+    to the user and to the address it was sent to."""
+    subject = {"sub": str(claims.user_id), "email": claims.email}
+    return _issue(secret, _EMAIL_VERIFICATION, ttl_seconds, subject)
 
 
 def read_email_token(secret: str, token: str) -> EmailClaims:
+    invalid = "this verification link is not valid"
+    expired = "this verification link has expired: ask for a new one"
+    payload = _read(secret, token, _EMAIL_VERIFICATION, ["sub", "email"], expired, invalid)
     try:
-        payload = jwt.decode(
-            token, secret, algorithms=["HS256"], options={"require": ["exp", "sub", "email"]}
-        )
-    except jwt.ExpiredSignatureError:
-        raise InvalidToken("this verification link has expired: ask for a new one") from None
-    except jwt.PyJWTError:
-        raise InvalidToken("this verification link is not valid") from None
-    email = payload.get("email")
-    if payload.get("type") != _EMAIL_VERIFICATION or not isinstance(email, str):
-        raise InvalidToken("this verification link is not valid")
-    try:
-        return EmailClaims(uuid.UUID(payload["sub"]), email)
-    except (ValueError, TypeError, AttributeError):
-        raise InvalidToken("this verification link is not valid") from None
+        return EmailClaims(uuid.UUID(payload["sub"]), payload["email"])
+    except ValueError:
+        raise InvalidToken(invalid) from None

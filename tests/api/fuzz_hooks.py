@@ -19,7 +19,6 @@ _NOT_IN_A_SCHEMA = (
     "is older than the tool call retention",
     "is more than 1 hour in the future",
     # A workspace's (or a user's) bounds on what it may hold: the count is not in the request.
-    "the most it may have",
     "the most this gateway allows",
 )
 

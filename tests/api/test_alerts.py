@@ -156,7 +156,7 @@ async def test_a_workspace_holds_at_most_its_bound_of_rules(
     assert sorted(reply.status for reply in replies) == [201] * 3 + [422] * 5
     refused = next(reply for reply in replies if reply.status == 422)
     assert refused.detail == (
-        "this workspace has 3 alert rules, the most it may have "
+        "this workspace has 3 alert rules, the most this gateway allows "
         "(GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE): delete one first"
     )
     listed = await api.get("/alerts/rules", auth=owner, expect=200)

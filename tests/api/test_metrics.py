@@ -67,7 +67,8 @@ async def test_metrics_count_written_and_dropped_calls(api: Api, db: asyncpg.Con
             api.post(f"/proxy/{server_id}/mcp", json=call("t", 9), auth=key, expect=200)
         )
         await asyncio.sleep(0.2)
-        api.app[CALL_LOG].max_rows = 0
+        call_log = api.app[CALL_LOG]
+        call_log.max_rows = call_log.workspace_rows = 0
         await answered
         # Calls that come while it is full are refused before they go upstream.
         await api.post(f"/proxy/{server_id}/mcp", json=call("t", 10), auth=key, expect=503)

@@ -845,7 +845,7 @@ async def test_a_workspace_holds_at_most_its_bound_of_servers(make_api: AppFacto
     body = {"name": "one-too-many", "url": "http://x.test/mcp"}
     reply = await api.post("/servers", json=body, auth=admin, expect=422)
     assert reply.detail == (
-        "this workspace has 3 servers, the most it may have "
+        "this workspace has 3 servers, the most this gateway allows "
         "(GATEWAY_MAX_SERVERS_PER_WORKSPACE): delete one first"
     )
     assert len((await api.get("/servers", auth=admin, expect=200)).body) == 3
