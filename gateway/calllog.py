@@ -62,6 +62,11 @@ class ToolCall(NamedTuple):
 
 
 _WORKSPACE_OF = operator.itemgetter(1)  # a ToolCall's workspace_id
+# Room reserved in the log for a workspace's calls not yet added: a one-item list (the rows),
+# which the proxy hands back to add() so that no dictionary is looked up per call.
+Reservation = list[int]
+# Workspaces with a reservation before idle ones are dropped.
+_RESERVATIONS_KEPT = 10_000
 # How often the rows waiting are counted by workspace, while they are many.
 _SHARES_SECONDS = 0.05
 
@@ -144,6 +149,16 @@ def _units(size: int, waiters: list[_Waiter]) -> list[tuple[int, int]]:
         position = max(position, end)
     units.extend((i, i + 1) for i in range(position, size))
     return units
+
+
+def no_room() -> ServiceUnavailable:
+    """Calls refused because the log has no room for them now: forwarded, they would run
+    unlogged (the log is full, or their workspace holds its share of it)."""
+    return ServiceUnavailable(
+        "the tool call log has no room for this workspace's calls now (database slow or "
+        "unavailable?); retry shortly",
+        headers={"Retry-After": "1"},
+    )
 
 
 class RowsRejected(ValidationFailed):
@@ -239,45 +254,80 @@ class CallLog:
         self.stats = CallLogStats()
         self._last_drop_warning = 0.0
         # One workspace may hold at most `workspace_rows` of the bound, so a tenant's flood
-        # of calls (or a long database outage it fills) leaves room for everyone else's. While
-        # fewer rows than that wait in all, nobody can be over its share and nothing is counted
-        # (the proxy's every call asks); past it, rows are counted by workspace at most every
-        # _SHARES_SECONDS, and what is admitted meanwhile is added to the count.
+        # of calls (or a long database outage it fills) leaves room for everyone else's. What
+        # counts is its rows not yet stored and the rows it reserved: the proxy reserves room
+        # for a request's calls before forwarding it, and adds their rows when the reply ends.
         self.workspace_rows = max(1, int(max_rows * workspace_share))
+        # Reserved rows by workspace (one-item lists the proxy hands back to add()), and in all.
+        self._reservations: dict[uuid.UUID, list[int]] = {}
+        self._reserved = 0
+        # While fewer rows wait and are reserved than one share, nobody can be over its share
+        # and nothing is counted (every proxied call asks). Past that, the rows not yet stored
+        # are counted by workspace at most every _SHARES_SECONDS, and rows added meanwhile are
+        # added to that count (`_counting`).
         self._shares: Counter[uuid.UUID] = Counter()
         self._shares_at = -_SHARES_SECONDS
+        self._counting = False
 
     # -- producers -------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self._rows) + self._held
 
-    def has_room(self, workspace_id: uuid.UUID, count: int) -> bool:
-        """Whether `count` more calls of the workspace fit now: within the bound, and within
-        the workspace's share of it. The proxy asks before forwarding calls it will log."""
-        waiting = len(self._rows) + self._held + count
-        if waiting <= self.workspace_rows:  # the usual case: no share can be full
-            return not self._closed
-        if waiting > self.max_rows or self._closed:
-            return False
-        shares = self._counted_shares()
-        if shares[workspace_id] + count > self.workspace_rows:
-            return False
-        shares[workspace_id] += count
-        return True
+    def reserve(self, workspace_id: uuid.UUID, count: int) -> Reservation | None:
+        """Room for `count` calls of the workspace, to add() later with the reservation; None
+        when the log has none: past its bound, or past the workspace's share of it. The proxy
+        asks before it forwards calls, and refuses them without room."""
+        reservation = self._reservations.get(workspace_id) or self._new_reservation(workspace_id)
+        waiting = len(self._rows) + self._held + self._reserved + count
+        if waiting > self.workspace_rows:  # else, the usual case, no share can be full
+            if waiting > self.max_rows or self._closed:
+                return None
+            if self._unstored(workspace_id) + reservation[0] + count > self.workspace_rows:
+                return None
+        elif self._counting:
+            self._counting = False
+        elif self._closed:
+            return None
+        reservation[0] += count
+        self._reserved += count
+        return reservation
 
-    def _counted_shares(self) -> Counter[uuid.UUID]:
+    def _give_back(self, taken: list[tuple[Reservation, int]]) -> None:
+        for reservation, count in taken:
+            reservation[0] -= count
+            self._reserved -= count
+
+    def _new_reservation(self, workspace_id: uuid.UUID) -> Reservation:
+        if len(self._reservations) >= _RESERVATIONS_KEPT:  # drop the idle ones
+            for idle in [key for key, held in self._reservations.items() if not held[0]]:
+                del self._reservations[idle]
+        reservation = self._reservations[workspace_id] = [0]
+        return reservation
+
+    def _unstored(self, workspace_id: uuid.UUID) -> int:
+        """The workspace's rows not yet stored (counted at most every _SHARES_SECONDS)."""
         now = time.monotonic()
-        if now - self._shares_at >= _SHARES_SECONDS:
+        if not self._counting or now - self._shares_at >= _SHARES_SECONDS:
             unstored = [self._rows, *(batch for batch, _ in self._writing.values())]
             unstored += [retry.batch for retry in self._retries]
             self._shares = Counter(map(_WORKSPACE_OF, itertools.chain.from_iterable(unstored)))
             self._shares_at = now
-        return self._shares
+            self._counting = True
+        return self._shares[workspace_id]
 
-    def add(self, call: ToolCall) -> None:
-        """Queue one call; never waits. When the queue is full the call is dropped and counted."""
-        if len(self._rows) + self._held >= self.max_rows or self._closed:
+    def add(self, call: ToolCall, reservation: Reservation | None = None) -> None:
+        """Queue one call; never waits. A call with a reservation is never dropped (it turns
+        into its row); one without is dropped and counted when the queue is full."""
+        if reservation is not None:
+            reservation[0] -= 1
+            self._reserved -= 1
+            if self._counting:
+                self._shares[call.workspace_id] += 1
+        elif len(self._rows) + self._held >= self.max_rows:
+            self._drop(1)
+            return
+        if self._closed:
             self._drop(1)
             return
         rows = self._rows
@@ -290,26 +340,30 @@ class CallLog:
             self._hurry.set()
             self._wakeup.set()
 
-    async def write(self, calls: Sequence[ToolCall]) -> None:
-        """Queue calls and return once they are committed (POST /tool-calls).
+    async def write(
+        self, calls: Sequence[ToolCall], reservation: Reservation | None = None
+    ) -> None:
+        """Queue calls and return once they are committed (POST /tool-calls, the playground).
 
         Raises ServiceUnavailable at once when they do not fit (the caller should retry), and
-        RowsRejected when PostgreSQL refused some of them.
+        RowsRejected when PostgreSQL refused some of them. With a reservation (of one
+        workspace's calls, taken before the calls were made) they always fit.
         """
         if self._closing:
             raise ServiceUnavailable("the gateway is shutting down", headers={"Retry-After": "1"})
-        if len(self) + len(calls) > self.max_rows:
-            raise ServiceUnavailable(
-                "the tool call log is full (database unavailable?); retry shortly",
-                headers={"Retry-After": "1"},
-            )
-        wanted = Counter(map(_WORKSPACE_OF, calls))
-        if not all(self.has_room(workspace_id, n) for workspace_id, n in wanted.items()):
-            raise ServiceUnavailable(
-                "this workspace's share of the tool call log is full (database slow or "
-                "unavailable?); retry shortly",
-                headers={"Retry-After": "1"},
-            )
+        taken: list[tuple[Reservation, int]] = []
+        if reservation is not None:
+            taken.append((reservation, len(calls)))
+        else:
+            for workspace_id, count in Counter(map(_WORKSPACE_OF, calls)).items():
+                held = self.reserve(workspace_id, count)
+                if held is None:
+                    self._give_back(taken)
+                    raise no_room()
+                taken.append((held, count))
+        self._give_back(taken)  # they turn into rows now
+        if self._counting:
+            self._shares.update(map(_WORKSPACE_OF, calls))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         start = len(self._rows)
         self._rows.extend(calls)

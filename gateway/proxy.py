@@ -10,11 +10,13 @@ may call it from any origin (gateway/cors.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import resource
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, NoReturn
@@ -29,15 +31,15 @@ from gateway.api.models import Out
 from gateway.api.routing import Routes, read_bytes
 from gateway.auth import PRINCIPAL, USE, Access
 from gateway.caches import MISSING
-from gateway.calllog import CallLog, ToolCall, clean_text, new_call_id
+from gateway.calllog import CallLog, Reservation, ToolCall, clean_text, new_call_id, no_room
 from gateway.errors import (
     BadGateway,
     GatewayTimeout,
     JsonRpcRefusal,
     NotFound,
     PayloadTooLarge,
-    ServiceUnavailable,
     TooManyRequests,
+    UnsupportedMediaType,
 )
 from gateway.keys import CALL_LOG, HTTP, METRICS, PROXYING, SETTINGS, UPSTREAMS
 from gateway.mcp.tool_calls import (
@@ -112,26 +114,54 @@ def _forwarded(name: str) -> bool:
 
 
 @functools.lru_cache(maxsize=512)  # a client sends the same header names on every request
-def _forwarded_positions(names: tuple[str, ...], connection: str | None) -> tuple[int, ...]:
+def _forwarded_positions(
+    names: tuple[str, ...], connection: str | None
+) -> tuple[tuple[int, ...], int]:
     """Which of the request's headers go upstream, by position: forwarded ones, unless the
-    Connection header names them (hop-by-hop)."""
+    Connection header names them (hop-by-hop); and where the Content-Type is among them (-1:
+    none; aiohttp refuses a request with two)."""
     hop_by_hop = set()
     if connection:
         hop_by_hop = {token.strip().lower() for token in connection.split(",")}
-    return tuple(
+    positions = tuple(
         i for i, name in enumerate(names) if _forwarded(name) and name.lower() not in hop_by_hop
     )
+    types = [i for i in positions if names[i].lower() == "content-type"]
+    return positions, types[0] if types else -1
 
 
 def upstream_headers(
     incoming: CIMultiDictProxy[str], auth_headers: dict[str, str]
 ) -> CIMultiDict[str]:
+    """The headers sent upstream. A body the gateway reads is read as UTF-8, so a request
+    that tells the server otherwise (a charset that is not UTF-8) is refused (415): a server
+    decoding it as UTF-7, say, would find calls the gateway never saw."""
     items = list(incoming.items())
-    forwarded = _forwarded_positions(tuple([name for name, _ in items]), incoming.get("Connection"))
+    forwarded, content_type_at = _forwarded_positions(
+        tuple([name for name, _ in items]), incoming.get("Connection")
+    )
+    if content_type_at >= 0 and items[content_type_at][1] != "application/json":
+        _refuse_other_charsets(items[content_type_at][1])  # (the usual value needs no look)
     headers: CIMultiDict[str] = CIMultiDict([items[i] for i in forwarded])
     headers["Accept-Encoding"] = "identity"
     headers.update(auth_headers)
     return headers
+
+
+@functools.lru_cache(maxsize=256)
+def _charset_refusal(content_type: str) -> str | None:
+    for parameter in content_type.split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            return f"the gateway reads MCP requests as UTF-8, not {charset or 'no charset'}"
+    return None
+
+
+def _refuse_other_charsets(content_type: str) -> None:
+    refusal = _charset_refusal(content_type)
+    if refusal is not None:
+        raise UnsupportedMediaType(refusal)
 
 
 # For the OpenAPI document only: the proxy passes both through without validating them.
@@ -249,6 +279,21 @@ class InFlight:
         slot = self.by_workspace[workspace_id] = [0]
         return slot
 
+    @contextlib.contextmanager
+    def holding(self, workspace_id: uuid.UUID) -> Iterator[None]:
+        """Count a request of the workspace that holds an upstream connection outside the
+        proxy (the playground, an on-demand probe) for as long as the block runs."""
+        slot = self.by_workspace.get(workspace_id) or self.slot(workspace_id)
+        if slot[0] >= self.per_workspace or self.count >= self.total:
+            self.refuse(slot[0])
+        slot[0] += 1
+        self.count += 1
+        try:
+            yield
+        finally:
+            slot[0] -= 1
+            self.count -= 1
+
     def refuse(self, held: int) -> NoReturn:
         """429: the workspace (holding `held`), or the whole process, is at its bound."""
         if held >= self.per_workspace:
@@ -265,6 +310,39 @@ class InFlight:
 
 # Workspaces with a slot before idle ones are dropped.
 _SLOTS_KEPT = 10_000
+
+# Bodies larger than this are read one at a time in the process, one per workspace (a body of
+# many small arrays or objects holds the event loop while it is parsed: up to MAX_CONTAINERS
+# of them, tens of milliseconds), each after the others' requests had their turn.
+_LARGE_BODY_BYTES = 64 * 1024
+
+
+class LargeBodies:
+    """Reads large request bodies (tool_calls_in) in turn: one at a time in the process and
+    per workspace, each followed by as long for everything else, so one tenant's stream of
+    them slows the others' requests by at most one body's reading at a time."""
+
+    def __init__(self) -> None:
+        self._turn = asyncio.Lock()
+        self._waiting: dict[uuid.UUID, asyncio.Lock] = {}
+
+    async def read(self, workspace_id: uuid.UUID, body: bytes) -> list[ToolCallSeen]:
+        lock = self._waiting.get(workspace_id)
+        if lock is None:
+            lock = self._waiting[workspace_id] = asyncio.Lock()
+        try:
+            async with lock, self._turn:
+                started = time.perf_counter()
+                try:
+                    return tool_calls_in(body)
+                finally:
+                    # Everything else gets as long again before the next large body: at most
+                    # half of the event loop's time goes to reading them.
+                    await asyncio.sleep(time.perf_counter() - started)
+        finally:
+            if not lock.locked() and self._waiting.get(workspace_id) is lock:
+                del self._waiting[workspace_id]
+
 
 # Descriptors kept for everything but proxied requests (logins, the API, the database pool,
 # probes and webhooks), out of the process's limit.
@@ -301,6 +379,7 @@ class Proxying:
     # workspace and in all: one tenant's thousands of open streams must not use up the
     # process's file descriptors, which every other tenant's requests and logins need.
     in_flight: InFlight
+    large_bodies: LargeBodies
 
     @classmethod
     async def setup(cls, app: web.Application) -> None:
@@ -314,6 +393,7 @@ class Proxying:
             settings.max_body_bytes,
             settings.proxy_timeout_seconds,
             InFlight(settings.max_streams_per_workspace, process_stream_bound()),
+            LargeBodies(),
         )
 
 
@@ -329,7 +409,7 @@ class _CallerLeft(Exception):
     access=USE,
     request_body=JsonRpcMessage,
     response=UpstreamReply,
-    errors=(404, 408, 413, 429, 502, 503, 504),
+    errors=(404, 408, 413, 415, 429, 502, 503, 504),
     error_bodies={400: JsonRpcErrorResponse},
 )
 @routes.route(
@@ -337,14 +417,14 @@ class _CallerLeft(Exception):
     PROXY_PATH,
     summary="Open the server-initiated SSE stream of an MCP session",
     access=USE,
-    errors=(404, 429, 502, 504),
+    errors=(404, 415, 429, 502, 504),
 )
 @routes.route(
     "DELETE",
     PROXY_PATH,
     summary="End an MCP session on the server",
     access=USE,
-    errors=(404, 429, 502, 504),
+    errors=(404, 415, 429, 502, 504),
 )
 async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamResponse:
     """Transparent streamable-HTTP proxy: the request is forwarded unchanged (with the server's
@@ -380,8 +460,10 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     slot[0] += 1
     in_flight.count += 1
     try:  # (one coroutine, not two: every proxied call pays for each)
+        headers = upstream_headers(request.headers, upstream.auth_headers)
         body = b""
         calls: list[ToolCallSeen] = []
+        reservation: Reservation | None = None
         if request.body_exists:
             if (request.content_length or 0) > proxying.max_body_bytes:
                 raise PayloadTooLarge(f"request body over {proxying.max_body_bytes} bytes")
@@ -389,20 +471,22 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
             body = await (request.read() if request.content.is_eof() else read_bytes(request))
             if body:
                 try:
-                    calls = tool_calls_in(body)
+                    if len(body) > _LARGE_BODY_BYTES:
+                        calls = await proxying.large_bodies.read(workspace_id, body)
+                    else:
+                        calls = tool_calls_in(body)
                 except UnreadableRequest as exc:
                     raise JsonRpcRefusal(400, exc.code, exc.message) from None
-                if calls and not proxying.call_log.has_room(workspace_id, len(calls)):
-                    # Forwarded, they would run unlogged (the log is full, or this workspace
-                    # holds its share of it): refused before anything is sent.
-                    raise ServiceUnavailable(
-                        "the tool call log has no room for this workspace's calls now; "
-                        "retry shortly",
-                        headers={"Retry-After": "1"},
-                    )
+                if calls:
+                    # Forwarded, calls the log has no room for would run unlogged (it is
+                    # full, or this workspace holds its share): refused before anything is
+                    # sent. Their rows are added when the reply ends.
+                    reservation = proxying.call_log.reserve(workspace_id, len(calls))
+                    if reservation is None:
+                        raise no_room()
         outcome = _Outcome(calls)
         try:
-            return await _exchange(request, proxying, upstream, body, outcome)
+            return await _exchange(request, proxying, upstream, headers, body, outcome)
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the caller hangs up (handler_cancellation), and
             # when the gateway shuts down, which leaves the caller's connection open until
@@ -414,8 +498,8 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
                 outcome.kind = "shutdown"
             raise
         finally:
-            if calls:
-                _record(request, proxying.call_log, upstream, outcome, started)
+            if reservation is not None:
+                _record(request, proxying.call_log, reservation, upstream, outcome, started)
             _count(proxying.metrics, request.method, server_id, outcome, started)
     finally:
         slot[0] -= 1
@@ -439,11 +523,15 @@ def _timeout(seconds: float, is_get: bool) -> aiohttp.ClientTimeout:
 
 
 async def _exchange(
-    request: web.Request, proxying: Proxying, upstream: Upstream, body: bytes, outcome: _Outcome
+    request: web.Request,
+    proxying: Proxying,
+    upstream: Upstream,
+    headers: CIMultiDict[str],
+    body: bytes,
+    outcome: _Outcome,
 ) -> web.StreamResponse:
     timeout_seconds = proxying.timeout_seconds
     is_get = request.method == "GET"
-    headers = upstream_headers(request.headers, upstream.auth_headers)
     outcome.forwarded_at = time.perf_counter()
     try:
         reply = await proxying.http.request(
@@ -677,7 +765,12 @@ def _verdict(call: ToolCallSeen, outcome: _Outcome) -> str | None:
 
 
 def _record(
-    request: web.Request, call_log: CallLog, upstream: Upstream, outcome: _Outcome, started: float
+    request: web.Request,
+    call_log: CallLog,
+    reservation: Reservation,
+    upstream: Upstream,
+    outcome: _Outcome,
+    started: float,
 ) -> None:
     reader = outcome.reader
     answered_at = None if reader is None else reader.answered_at
@@ -704,7 +797,8 @@ def _record(
                 outcome.size,
                 error,
                 created_at,
-            )
+            ),
+            reservation,
         )
 
 

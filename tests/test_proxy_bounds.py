@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
@@ -16,8 +18,17 @@ from aiohttp import web
 from gateway.keys import CALL_LOG
 from tests.support import Api
 from tests.test_proxy import arrange, call, logged_calls, recorder, rpc
+from tests.upstreams import fake_upstream
 
 AppFactory = Callable[..., Awaitable[Api]]
+
+
+async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Wait (boundedly) for something another task makes true."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "it did not happen in time"
+        await asyncio.sleep(0.005)
 
 
 # -- bodies the gateway cannot read as the server would ---------------------------------------
@@ -42,6 +53,13 @@ async def test_an_unreadable_body_is_a_parse_error_and_is_never_forwarded(
                 "deeper than 64 levels",
             ),
             (b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":' + b"{" * 3, "not JSON"),
+            # In UTF-16 no `tools/call` shows in the bytes; Python's json.loads reads it.
+            (
+                '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"rm"}}'.encode(
+                    "utf-16-le"
+                ),
+                "not valid UTF-8",
+            ),
             (
                 b'{"jsonrpc":"2.0","id":7,"method":"tools/call","method":"tools/list",'
                 b'"params":{"name":"rm"}}',
@@ -269,3 +287,187 @@ async def test_nothing_refused_is_logged_twice_or_lost(api: Api, db: asyncpg.Con
     await asyncio.sleep(0.1)
     assert upstream.requests == []
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
+
+
+# -- what a server would read differently -----------------------------------------------------
+
+
+async def test_a_body_in_another_charset_is_refused_and_never_forwarded(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """Express (the TypeScript SDK's servers) decodes by the charset: in UTF-7 a call reads
+    `tools+AC8-call`, which no byte search for `tools/call` finds."""
+    async with recorder() as upstream:
+        setup = await arrange(api, db, upstream.url)
+        utf7 = b'{"jsonrpc":"2.0","id":1,"method":"tools+AC8-call","params":{"name":"rm"}}'
+        for content_type in ("application/json; charset=utf-7", "application/json;charset=latin1"):
+            reply = await api.post(
+                setup.path, data=utf7, auth=setup.key, headers={"Content-Type": content_type}
+            )
+            assert reply.status == 415
+            assert reply.detail.startswith("the gateway reads MCP requests as UTF-8, not ")
+        # Two Content-Types (a server may read either): aiohttp refuses the request itself.
+        async with api.client.post(
+            f"/api/v1{setup.path}",
+            data=utf7,
+            headers=[
+                ("X-API-Key", setup.key),
+                ("Content-Type", "application/json"),
+                ("Content-Type", "application/json; charset=utf-7"),
+            ],
+        ) as response:
+            assert response.status == 400
+        assert upstream.requests == []
+        for content_type in ('application/json; charset="UTF-8"', "application/json;charset=utf8"):
+            await api.post(
+                setup.path,
+                json=call("ok"),
+                auth=setup.key,
+                headers={"Content-Type": content_type},
+                expect=200,
+            )
+    await logged_calls(db, 2)
+
+
+# -- calls in flight hold their room in the log -------------------------------------------------
+
+
+async def test_calls_in_flight_count_against_the_workspaces_share(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    call_log = api.app[CALL_LOG]
+    call_log.workspace_rows = 10
+    release = asyncio.Event()
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        message = orjson.loads(await request.read())
+        await release.wait()
+        answers = [
+            {"jsonrpc": "2.0", "id": m["id"], "result": {"content": [], "isError": False}}
+            for m in (message if isinstance(message, list) else [message])
+        ]
+        return web.json_response(answers if isinstance(message, list) else answers[0])
+
+    async with recorder(script=held) as upstream:
+        flooder = await arrange(api, db, upstream.url)
+        other = await arrange(api, db, upstream.url)
+        batch = [call("flood", rid=i) for i in range(10)]  # the whole share, in flight
+        first = asyncio.create_task(api.post(flooder.path, json=batch, auth=flooder.key))
+        await until(lambda: len(upstream.requests) == 1)
+        # Its rows are not in the log yet, but their room is taken.
+        refused = await api.post(flooder.path, json=batch, auth=flooder.key)
+        assert refused.status == 503
+        assert "no room for this workspace's calls" in refused.detail
+        needed = asyncio.create_task(api.post(other.path, json=call("needed"), auth=other.key))
+        await until(lambda: len(upstream.requests) == 2)
+        release.set()
+        assert (await first).status == 200
+        assert (await needed).status == 200
+        assert len(upstream.requests) == 2
+    rows = await logged_calls(db, 11)
+    assert sorted(row["tool_name"] for row in rows) == ["flood"] * 10 + ["needed"]
+    assert call_log.stats.dropped == 0
+
+
+async def test_the_playground_takes_room_in_the_log_before_it_calls(api: Api) -> None:
+    async with fake_upstream() as upstream:
+        owner = await api.signup()
+        server = await api.post(
+            "/servers", json={"name": "s", "url": upstream.url}, auth=owner, expect=201
+        )
+        path = f"/servers/{server.body['id']}/tools/invoke"
+        await api.get(f"/servers/{server.body['id']}/tools", auth=owner, expect=200)
+        call_log = api.app[CALL_LOG]
+        call_log.max_rows = call_log.workspace_rows = 0  # as full as a long outage leaves it
+        reply = await api.post(path, json={"tool_name": "echo"}, auth=owner)
+        assert reply.status == 503
+        assert "no room for this workspace's calls" in reply.detail
+    assert "tools/call" not in upstream.rpc_methods()
+
+
+async def test_playground_calls_count_as_requests_in_flight(make_api: AppFactory) -> None:
+    api = await make_api(max_streams_per_workspace=3)
+    async with fake_upstream() as upstream:
+        owner = await api.signup()
+        server = await api.post(
+            "/servers", json={"name": "s", "url": upstream.url}, auth=owner, expect=201
+        )
+        server_id = server.body["id"]
+        await api.get(f"/servers/{server_id}/tools", auth=owner, expect=200)  # now cached
+        upstream.delay = 1.0
+        listed = len(upstream.requests)
+        invokes = [
+            asyncio.create_task(
+                api.post(
+                    f"/servers/{server_id}/tools/invoke",
+                    json={"tool_name": "echo"},
+                    auth=owner,
+                )
+            )
+            for _ in range(3)
+        ]
+        await until(lambda: len(upstream.requests) >= listed + 3)  # each invoke's first
+        refused = await api.post(
+            f"/servers/{server_id}/tools/invoke", json={"tool_name": "echo"}, auth=owner
+        )
+        assert refused.status == 429
+        probe = await api.post(f"/servers/{server_id}/probe", auth=owner)
+        assert probe.status == 429
+        assert [(await invoke).status for invoke in invokes] == [200, 200, 200]
+        upstream.delay = 0
+        await api.post(f"/servers/{server_id}/probe", auth=owner, expect=200)
+
+
+# -- large bodies take turns --------------------------------------------------------------------
+
+
+_FLOOD = """
+import asyncio, sys, aiohttp
+async def main(url, key, count):
+    body = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":'
+            b'{"a":[' + b"[]," * 99_000 + b"[]]}}}")
+    headers = {"X-API-Key": key, "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async def one():
+            async with http.post(url, data=body, headers=headers) as reply:
+                await reply.read()
+                return reply.status
+        statuses = await asyncio.gather(*(one() for _ in range(count)))
+    print(sorted(set(statuses)))
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+async def test_large_bodies_take_turns_while_other_tenants_stay_under_a_second(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """Each body holds just under 100,000 small arrays: parsing one holds the event loop for
+    tens of milliseconds. Sent all at once from another process, read one at a time, each
+    followed by as long for everything else, they keep another tenant waiting for one body at
+    most, not for all of them."""
+    answer = b'{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}'
+
+    async def cheap(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=answer, content_type="application/json")
+
+    async with recorder(script=cheap) as upstream:
+        heavy = await arrange(api, db, upstream.url)
+        other = await arrange(api, db, upstream.url)
+        flood = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _FLOOD, heavy.url, heavy.key, "48",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            await until(lambda: len(upstream.requests) >= 2, within=60)
+            waits = []
+            for _ in range(10):
+                started = time.perf_counter()
+                await api.get("/servers", auth=other.key, expect=200)
+                waits.append(time.perf_counter() - started)
+            assert max(waits) < 1.0, waits
+            output, _ = await asyncio.wait_for(flood.communicate(), 120)
+        finally:
+            if flood.returncode is None:
+                flood.kill()
+                await flood.wait()
+        assert output.decode().strip() == "[200]"

@@ -31,7 +31,7 @@ from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import servers as servers_db
 from gateway.db.bounds import AtBound
 from gateway.errors import BoundReached, NotFound, ValidationFailed
-from gateway.keys import POOL, SECRET_BOX, SETTINGS, UPSTREAMS
+from gateway.keys import POOL, PROXYING, SECRET_BOX, SETTINGS, UPSTREAMS
 from gateway.security.credentials import (
     REFUSED_HEADER_NAMES,
     REFUSED_HEADER_PREFIXES,
@@ -377,6 +377,7 @@ async def delete_server(request: web.Request, server_id: uuid.UUID) -> None:
     summary="Probe a server now",
     access=ADMIN,
     response=HealthCheckOut,
+    errors=(429,),
 )
 async def probe_server(request: web.Request, server_id: uuid.UUID) -> dict[str, Any]:
     """Connects (MCP `server/discover` or the `initialize` handshake) and lists tools with the
@@ -385,9 +386,11 @@ async def probe_server(request: web.Request, server_id: uuid.UUID) -> dict[str, 
     upstream = await request.app[UPSTREAMS].get(server_id, request[PRINCIPAL].workspace_id)
     if upstream is None:
         raise NotFound("server not found")
-    check = await Prober.from_app(request.app).probe_and_record(
-        upstream.id, upstream.workspace_id, upstream.url, upstream.auth_headers
-    )
+    # It holds an upstream connection as a proxied request does: counted with them.
+    with request.app[PROXYING].in_flight.holding(upstream.workspace_id):
+        check = await Prober.from_app(request.app).probe_and_record(
+            upstream.id, upstream.workspace_id, upstream.url, upstream.auth_headers
+        )
     if check is None:
         raise NotFound("server not found")  # deleted while it was being probed
     return check

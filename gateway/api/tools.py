@@ -17,11 +17,12 @@ from pydantic import Field, StringConstraints
 from gateway.api.models import Body, Out
 from gateway.api.routing import Routes
 from gateway.auth import ADMIN, PRINCIPAL, READ
-from gateway.calllog import ToolCall, clean_text, new_call_id
+from gateway.calllog import Reservation, ToolCall, clean_text, new_call_id, no_room
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
 from gateway.keys import (
     CALL_LOG,
     HTTP,
+    PROXYING,
     SCHEMA_CHECKER,
     SETTINGS,
     TOOL_LIST_MEMORY,
@@ -107,7 +108,7 @@ async def _upstream(request: web.Request, server_id: uuid.UUID) -> Upstream:
     summary="The server's tools",
     access=READ,
     response=ToolListOut,
-    errors=(502, 504),
+    errors=(429, 502, 504),
 )
 async def list_tools(request: web.Request, server_id: uuid.UUID) -> dict[str, Any]:
     """Listed from the server through the gateway's MCP client with its stored credentials,
@@ -118,7 +119,8 @@ async def list_tools(request: web.Request, server_id: uuid.UUID) -> dict[str, An
     pages), with more than 2,000 tools, or that would take over 96 MiB of memory once parsed
     is not read to the end: 502, the detail saying which bound it broke."""
     upstream = await _upstream(request, server_id)
-    listing = await request.app[TOOL_LISTS].get(upstream)
+    with request.app[PROXYING].in_flight.holding(upstream.workspace_id):
+        listing = await request.app[TOOL_LISTS].get(upstream)
     return {
         "server_id": upstream.id,
         "tools": listing.tools,
@@ -141,6 +143,7 @@ async def drop_tools_cache(request: web.Request, server_id: uuid.UUID) -> None:
     summary="Call one of the server's tools",
     access=ADMIN,
     response=InvokeOut,
+    errors=(429,),
 )
 async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn) -> dict[str, Any]:
     """The tool must be in the server's tool list (cached or fetched now), else 422 naming
@@ -156,6 +159,14 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
     `error_message` says why."""
     app = request.app
     upstream = await _upstream(request, server_id)
+    # It holds an upstream connection as a proxied request does: counted with them.
+    with app[PROXYING].in_flight.holding(upstream.workspace_id):
+        return await _invoke(app, request, upstream, body)
+
+
+async def _invoke(
+    app: web.Application, request: web.Request, upstream: Upstream, body: InvokeIn
+) -> dict[str, Any]:
     started = time.perf_counter()
     failed: _Outcome | None = None
     try:
@@ -174,9 +185,14 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
         # The list's memory goes back as soon as nothing holds it: not kept for the call.
         del listing, tool
         verdict = await _check_arguments(request, upstream, schema, body.arguments)
+    # Room for its row is taken before the call: a call the log could not take would run
+    # unlogged.
+    reservation = app[CALL_LOG].reserve(upstream.workspace_id, 1)
+    if reservation is None:
+        raise no_room()
     # Shielded: a caller hanging up (which cancels this handler) must not leave a call made
     # and not logged.
-    call, outcome = await asyncio.shield(_call_and_log(app, upstream, body, failed))
+    call, outcome = await asyncio.shield(_call_and_log(app, upstream, body, failed, reservation))
     return {
         "tool_call_id": call.id,
         "result": outcome.result,
@@ -210,12 +226,16 @@ def _describe(problem: Problem) -> str:
 
 
 async def _call_and_log(
-    app: web.Application, upstream: Upstream, body: InvokeIn, failed: _Outcome | None
+    app: web.Application,
+    upstream: Upstream,
+    body: InvokeIn,
+    failed: _Outcome | None,
+    reservation: Reservation,
 ) -> tuple[ToolCall, _Outcome]:
     outcome = failed or await _call(app, upstream, body.tool_name, body.arguments)
     call = _log_row(upstream, body.tool_name, outcome)
     # Awaited: the returned tool_call_id is in GET /tool-calls as soon as the handler answers.
-    await app[CALL_LOG].write([call])
+    await app[CALL_LOG].write([call], reservation)
     return call, outcome
 
 

@@ -133,6 +133,83 @@ def test_what_cannot_be_read_as_the_server_reads_it_is_a_parse_error(
     assert problem in refused.value.message
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
+def test_a_call_in_another_encoding_is_refused(encoding: str) -> None:
+    """Without a BOM such a body holds no `tools/call` the bytes show, and a server that
+    detects the encoding (Python's json.loads does) runs it."""
+    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"rm"}}'
+    with pytest.raises(UnreadableRequest) as refused:
+        tool_calls_in(body.decode().encode(encoding))
+    assert refused.value.message == "Parse error: the body is not valid UTF-8"
+    with pytest.raises(UnreadableRequest):
+        tool_calls_in(body.decode().encode(encoding.replace("-le", "").replace("-be", "")))
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        # Go's encoding/json (mcp-go) matches keys case-insensitively, also through Unicode
+        # case folding (the long s, U+017F, is an s; the Kelvin sign, U+212A, a k).
+        (b'{"jsonrpc":"2.0","id":5,"Method":"tools/call","params":{"name":"rm"}}', "Method"),
+        (b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"ls","NAME":"rm"}}',
+         "NAME"),
+        (b'{"jsonrpc":"2.0","id":5,"method":"tools/call","param\\u017f":{"name":"rm"}}',
+         "param\u017f"),
+        ('{"jsonrpc":"2.0","id":5,"method":"tools/call","param\u017f":{"name":"rm"}}'.encode(),
+         "param\u017f"),
+    ],
+)  # fmt: skip
+def test_a_deciding_key_in_another_letter_case_is_refused(body: bytes, key: str) -> None:
+    with pytest.raises(UnreadableRequest) as refused:
+        tool_calls_in(body)
+    assert refused.value.message.startswith(f"Parse error: the key {key!r} is")
+    assert "in another letter case" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # A second message without the key (or not an object) hides nothing.
+        b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"ping","params":{"name":"rm"}},'
+        b'{"jsonrpc":"2.0","id":2,"result":{}}]',
+        b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"rm","name":"ls"}},'
+        b'{"jsonrpc":"2.0","id":2,"result":{}}]',
+        b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"rm","name":"ls"}},1]',
+    ],
+)
+def test_a_key_named_twice_is_refused_in_a_batch_too(body: bytes) -> None:
+    with pytest.raises(UnreadableRequest) as refused:
+        tool_calls_in(body)
+    assert "is named twice in one object" in refused.value.message
+
+
+def test_keys_named_twice_deep_in_the_arguments_change_nothing() -> None:
+    body = (
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x",'
+        b'"arguments":{"rows":[{"name":1,"name":2}],"Method":"GET"}}}'
+    )
+    assert names(body) == [("x", 1)]
+
+
+def test_brackets_in_texts_are_not_nesting() -> None:
+    text = "[" * 200 + "{" * 200
+    body = orjson.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+         "params": {"name": "x", "arguments": {"text": text, "q": '\\"[[['}}}
+    )  # fmt: skip
+    assert names(body) == [("x", 1)]
+
+
+def test_more_than_100000_arrays_and_objects_are_refused_before_parsing() -> None:
+    many = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":'
+    assert names(many + b'{"a":[' + b"[]," * 99_990 + b"[]]}}}") == [("x", 1)]
+    with pytest.raises(UnreadableRequest) as refused:
+        tool_calls_in(many + b'{"a":[' + b"[]," * 100_000 + b"[]]}}}")
+    assert "more than 100,000 arrays and objects" in refused.value.message
+    with pytest.raises(UnreadableRequest):
+        tool_calls_in(b"[" + b"[]," * 100_000 + b"[]]")  # no call: refused all the same
+
+
 def test_a_batch_holds_at_most_100_messages() -> None:
     ping = {"jsonrpc": "2.0", "method": "notifications/progress"}
     assert tool_calls_in(orjson.dumps([ping] * MAX_BATCH)) == []
