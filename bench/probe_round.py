@@ -40,10 +40,10 @@ from aiohttp import web
 from cryptography.fernet import Fernet
 
 from gateway.app import create_app
+from gateway.background.prober import Prober
 from gateway.config import Settings
 from gateway.db import servers as servers_db
 from gateway.keys import POOL
-from gateway.workers.prober import Prober
 
 TOOLS = [
     {

@@ -12,8 +12,10 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
-from gateway import proxy
-from gateway.accounts import VERIFICATION_EMAIL_RATE
+from gateway.accounts.access import Authenticator
+from gateway.accounts.mailer import Mailer
+from gateway.accounts.ratelimit import AuthRateLimiter
+from gateway.accounts.signup import VERIFICATION_EMAIL_RATE
 from gateway.api import alerts as alerts_api
 from gateway.api import analytics as analytics_api
 from gateway.api import auth as auth_api
@@ -25,9 +27,16 @@ from gateway.api import tool_calls as tool_calls_api
 from gateway.api import tools as tools_api
 from gateway.api import workspaces as workspaces_api
 from gateway.api.routing import mount
-from gateway.auth import Authenticator
-from gateway.caches import Caches
-from gateway.calllog import CallLog
+from gateway.background.alert_evaluator import run_alert_evaluator
+from gateway.background.api_key_usage import record_key_usage
+from gateway.background.notifier import DeliveryPolicy, run_notifier
+from gateway.background.prober import Prober
+from gateway.background.retention import run_retention
+from gateway.background.tasks import BackgroundTasks
+from gateway.caching.caches import Caches
+from gateway.caching.listener import listen_for_invalidations
+from gateway.caching.shared import create_shared_cache
+from gateway.calllog.writer import CallLog
 from gateway.config import Settings
 from gateway.dashboard import setup_dashboard
 from gateway.db.pool import create_pool
@@ -53,23 +62,14 @@ from gateway.keys import (
     TOOL_LISTS,
     UPSTREAMS,
 )
-from gateway.mailer import Mailer
 from gateway.mcp.client import ToolListMemory
-from gateway.metrics import Metrics
-from gateway.ratelimit import AuthRateLimiter
-from gateway.readiness import setup_readiness
+from gateway.ops.metrics import Metrics
+from gateway.ops.readiness import setup_readiness
+from gateway.proxy import handler as proxy
 from gateway.security.secretbox import SecretBox
 from gateway.security.untrusted_schemas import SchemaChecker
-from gateway.shared_cache import create_shared_cache
-from gateway.tool_lists import ToolLists
-from gateway.upstreams import Upstreams
-from gateway.workers.alert_evaluator import run_alert_evaluator
-from gateway.workers.api_key_usage import record_key_usage
-from gateway.workers.cache_listener import listen_for_invalidations
-from gateway.workers.notifier import DeliveryPolicy, run_notifier
-from gateway.workers.prober import Prober
-from gateway.workers.retention import run_retention
-from gateway.workers.tasks import BackgroundTasks
+from gateway.upstreams.servers import Upstreams
+from gateway.upstreams.tool_lists import ToolLists
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ def serve(args: argparse.Namespace) -> None:
         log.info("mcp-gateway listening on http://%s:%d", settings.host, settings.port)
         serve_process(settings)
         return
-    from gateway.supervisor import Supervisor
+    from gateway.ops.supervisor import Supervisor
 
     log.info(
         "mcp-gateway listening on http://%s:%d with %d worker processes",

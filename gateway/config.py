@@ -15,7 +15,7 @@ from typing import Any
 from cryptography.fernet import Fernet
 from limits import parse as parse_rate_limit
 
-from gateway.outbound import Network, OutboundPolicy, parse_networks
+from gateway.security.outbound import Network, OutboundPolicy, parse_networks
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class Settings:
     # pooled connection, and for each statement.
     db_acquire_timeout_seconds: float = 5.0
     db_statement_timeout_seconds: float = 10.0
-    # Outbound connections (gateway.outbound): addresses refused on top of the link-local and
-    # metadata ones always refused, and exceptions to those.
+    # Outbound connections (gateway.security.outbound): addresses refused on top of the
+    # link-local and metadata ones always refused, and exceptions to those.
     outbound_deny: tuple[Network, ...] = ()
     outbound_allow: tuple[Network, ...] = ()
     # Proxies whose X-Forwarded-For is believed (for the per-address login rate limit).

@@ -9,8 +9,8 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from gateway import cors
 from gateway.keys import ERROR_PAGE
+from gateway.proxy import cors
 
 log = logging.getLogger(__name__)
 

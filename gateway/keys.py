@@ -13,20 +13,20 @@ from aiohttp import web
 from gateway.config import Settings
 
 if TYPE_CHECKING:
+    from gateway.accounts.access import Authenticator
+    from gateway.accounts.mailer import Mailer
+    from gateway.accounts.ratelimit import AuthRateLimiter
     from gateway.api.routing import Endpoint
-    from gateway.auth import Authenticator
-    from gateway.caches import Caches
-    from gateway.calllog import CallLog
-    from gateway.mailer import Mailer
+    from gateway.caching.caches import Caches
+    from gateway.calllog.writer import CallLog
     from gateway.mcp.client import ToolListMemory
-    from gateway.metrics import Metrics
-    from gateway.proxy import Proxying
-    from gateway.ratelimit import AuthRateLimiter
-    from gateway.readiness import DatabaseCheck
+    from gateway.ops.metrics import Metrics
+    from gateway.ops.readiness import DatabaseCheck
+    from gateway.proxy.handler import Proxying
     from gateway.security.secretbox import SecretBox
     from gateway.security.untrusted_schemas import SchemaChecker
-    from gateway.tool_lists import ToolLists
-    from gateway.upstreams import Upstreams
+    from gateway.upstreams.servers import Upstreams
+    from gateway.upstreams.tool_lists import ToolLists
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
@@ -35,7 +35,7 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 CACHES: web.AppKey[Caches] = web.AppKey("caches")
 AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
 RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("auth_rate_limiter")
-# Verification emails per address (gateway.accounts), shared by every process likewise.
+# Verification emails per address (gateway.accounts.signup), shared by every process likewise.
 EMAIL_RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("email_rate_limiter")
 SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")
 MAILER: web.AppKey[Mailer] = web.AppKey("mailer")

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.caches import MISSING, Caches, InvalidatedCache
+from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.keys import AUTHENTICATOR
 from tests.conftest import AppFactory
 from tests.support import Api, Reply

@@ -6,7 +6,13 @@ import random
 
 import asyncpg
 
-from gateway.histograms import bucket_bounds, bucket_value, latency_bucket, percentile, percentiles
+from gateway.db.histograms import (
+    bucket_bounds,
+    bucket_value,
+    latency_bucket,
+    percentile,
+    percentiles,
+)
 
 
 def test_buckets_are_within_one_percent() -> None:

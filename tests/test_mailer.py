@@ -9,8 +9,8 @@ import uuid
 import asyncpg
 import pytest
 
+from gateway.accounts.mailer import INVITE_SUBJECT, VERIFY_SUBJECT
 from gateway.keys import MAILER
-from gateway.mailer import INVITE_SUBJECT, VERIFY_SUBJECT
 from tests.conftest import AppFactory
 from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
 from tests.upstreams import free_port
@@ -83,7 +83,7 @@ async def test_without_smtp_the_link_is_logged_and_mail_failures_never_fail_the_
 ) -> None:
     without_smtp = await make_api()
     owner = await without_smtp.org(await without_smtp.signup())
-    with caplog.at_level(logging.INFO, logger="gateway.mailer"):
+    with caplog.at_level(logging.INFO, logger="gateway.accounts.mailer"):
         invite = await without_smtp.invite(owner, "ada@example.com")
     assert any(invite["invite_url"] in r.getMessage() for r in caplog.records)
     caplog.clear()
@@ -91,7 +91,7 @@ async def test_without_smtp_the_link_is_logged_and_mail_failures_never_fail_the_
     # A mail server that cannot be reached: the invitation is still created (201), and the
     # failure to send it is logged.
     unreachable = await make_api(smtp_url=f"smtp://127.0.0.1:{free_port()}")
-    with caplog.at_level(logging.ERROR, logger="gateway.mailer"):
+    with caplog.at_level(logging.ERROR, logger="gateway.accounts.mailer"):
         await unreachable.invite(owner, "bob@example.com")
         await unreachable.app[MAILER].close()  # sending happens in the background
     [record] = caplog.records

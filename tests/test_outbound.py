@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from gateway.outbound import OutboundPolicy, parse_networks
+from gateway.security.outbound import OutboundPolicy, parse_networks
 from tests.alerting import add_rule, deliver, evaluate, ingest, receiver
 from tests.alerting import add_server as add_server_named
 from tests.conftest import AppFactory

@@ -18,8 +18,8 @@ from aiohttp import web
 from mcp.shared.exceptions import MCPError
 
 from gateway.keys import CALL_LOG
-from gateway.mcp.tool_calls import CALLER_CANCELLED
-from gateway.proxy import CALLER_HUNG_UP
+from gateway.proxy.calls import CALLER_CANCELLED
+from gateway.proxy.handler import CALLER_HUNG_UP
 from tests.support import Api
 from tests.test_proxy import ACCEPT, arrange, call, logged_calls, recorder, rpc, sdk_client
 

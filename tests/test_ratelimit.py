@@ -7,10 +7,10 @@ import uuid
 
 import asyncpg
 
+from gateway.accounts.ratelimit import AuthRateLimiter
+from gateway.background.retention import run_once
 from gateway.keys import POOL, SETTINGS
-from gateway.outbound import parse_networks
-from gateway.ratelimit import AuthRateLimiter
-from gateway.workers.retention import run_once
+from gateway.security.outbound import parse_networks
 from tests.api.conftest import cheap_password_hashing  # noqa: F401 -- autouse fixture
 from tests.conftest import AppFactory
 from tests.support import Api

@@ -10,9 +10,9 @@ from typing import Any
 
 import asyncpg
 
-from gateway.calllog import ToolCall, new_call_id
+from gateway.calllog.writer import ToolCall, new_call_id
 from gateway.keys import CALL_LOG
-from gateway.readiness import DATABASE_BOUND_SECONDS, EXPECTED_SCHEMA_VERSION
+from gateway.ops.readiness import DATABASE_BOUND_SECONDS, EXPECTED_SCHEMA_VERSION
 from tests.api.test_tools import until
 from tests.conftest import AppFactory
 from tests.db.test_pool import frozen

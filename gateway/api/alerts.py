@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
+from gateway.accounts.access import ADMIN, PRINCIPAL, READ
 from gateway.api.models import WHOLE, Body, HttpUrl, Name, Out, Page, refuse_literal_destination
 from gateway.api.routing import Routes
-from gateway.auth import ADMIN, PRINCIPAL, READ
 from gateway.db import alerts as alerts_db
 from gateway.db.bounds import AtBound
 from gateway.errors import BoundReached, NotFound

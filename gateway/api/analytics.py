@@ -13,9 +13,9 @@ from aiohttp import web
 from pydantic import BeforeValidator, Field
 from redis.exceptions import RedisError
 
+from gateway.accounts.access import PRINCIPAL, READ
 from gateway.api.models import Out, Query
 from gateway.api.routing import Routes
-from gateway.auth import PRINCIPAL, READ
 from gateway.db import analytics as analytics_db
 from gateway.db.types import Executor
 from gateway.keys import METRICS, POOL, SETTINGS, SHARED_CACHE

@@ -10,10 +10,10 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import Field
 
-from gateway import accounts
+from gateway.accounts import signup as accounts
+from gateway.accounts.access import PRINCIPAL, SIGN_IN, USER, Principal
 from gateway.api.models import Body, Email, Name, Out, Password, RoleName, UserOut
 from gateway.api.routing import Routes
-from gateway.auth import PRINCIPAL, SIGN_IN, USER, Principal
 from gateway.db import invites as invites_db
 from gateway.db import refresh_tokens as refresh_db
 from gateway.db import users as users_db

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import Field
 
+from gateway.accounts.access import PRINCIPAL, READ
 from gateway.api.models import Out, Page, Query
 from gateway.api.routing import Routes
-from gateway.auth import PRINCIPAL, READ
 from gateway.db import health_checks as health_checks_db
 from gateway.keys import POOL
 

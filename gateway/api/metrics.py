@@ -22,11 +22,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from gateway.accounts.access import PUBLIC
 from gateway.api.routing import Routes
-from gateway.auth import PUBLIC
-from gateway.calllog import CallLog
+from gateway.calllog.writer import CallLog
 from gateway.keys import CACHES, CALL_LOG, METRICS, POOL, SETTINGS, TOOL_LISTS
-from gateway.metrics import Labels, Metrics, Reading, Series, dump, families, load
+from gateway.ops.metrics import Labels, Metrics, Reading, Series, dump, families, load
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from typing import Any
 import pydantic
 from aiohttp import web
 
+from gateway.accounts.access import PUBLIC
 from gateway.api.models import NUL_FREE, DocumentSchema
 from gateway.api.routing import API_PREFIX, Endpoint, Routes, json_response
-from gateway.auth import PUBLIC
 from gateway.keys import OPENAPI_DOCUMENT
-from gateway.readiness import OPENAPI_PATHS
+from gateway.ops.readiness import OPENAPI_PATHS
 
 _REF = "#/components/schemas/{model}"
 _UUID_SCHEMA = {"type": "string", "format": "uuid"}

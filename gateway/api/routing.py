@@ -23,8 +23,8 @@ import orjson
 import pydantic
 from aiohttp import web
 
-from gateway.auth import PRINCIPAL, Access, Authenticator, path_uuid, refuse_api_key
-from gateway.caches import MISSING
+from gateway.accounts.access import PRINCIPAL, Access, Authenticator, path_uuid, refuse_api_key
+from gateway.caching.caches import MISSING
 from gateway.errors import BadRequest, RequestTimeout, UnsupportedMediaType, ValidationFailed
 from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, SETTINGS
 

@@ -12,6 +12,7 @@ import pydantic
 from aiohttp import web
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
 
+from gateway.accounts.access import ADMIN, PRINCIPAL, READ
 from gateway.api.health import HealthCheckOut
 from gateway.api.models import (
     TRIMMED,
@@ -27,7 +28,7 @@ from gateway.api.models import (
     refuse_literal_destination,
 )
 from gateway.api.routing import Routes, validation_detail
-from gateway.auth import ADMIN, PRINCIPAL, READ
+from gateway.background.prober import Prober
 from gateway.db import servers as servers_db
 from gateway.db.bounds import AtBound
 from gateway.errors import BoundReached, NotFound, ValidationFailed
@@ -37,7 +38,6 @@ from gateway.security.credentials import (
     REFUSED_HEADER_PREFIXES,
     refused_header_name,
 )
-from gateway.workers.prober import Prober
 
 routes = Routes("servers")
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from typing_extensions import TypedDict
 
+from gateway.accounts.access import PRINCIPAL, READ, USE
 from gateway.api.models import (
     TRIMMED,
     WHOLE,
@@ -28,8 +29,7 @@ from gateway.api.routing import (
     read_bytes,
     validation_detail,
 )
-from gateway.auth import PRINCIPAL, READ, USE
-from gateway.calllog import ToolCall, clean_text, new_call_id
+from gateway.calllog.writer import ToolCall, clean_text, new_call_id
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import FUTURE_SLACK
 from gateway.db.rollups import floor_hour

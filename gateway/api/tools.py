@@ -14,10 +14,10 @@ import orjson
 from aiohttp import web
 from pydantic import Field, StringConstraints
 
+from gateway.accounts.access import ADMIN, PRINCIPAL, READ
 from gateway.api.models import Body, Out
 from gateway.api.routing import Routes
-from gateway.auth import ADMIN, PRINCIPAL, READ
-from gateway.calllog import Reservation, ToolCall, clean_text, new_call_id, no_room
+from gateway.calllog.writer import Reservation, ToolCall, clean_text, new_call_id, no_room
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
 from gateway.keys import (
     CALL_LOG,
@@ -30,10 +30,10 @@ from gateway.keys import (
     UPSTREAMS,
 )
 from gateway.mcp.client import McpError
-from gateway.mcp.tool_calls import UNNAMED_TOOL, failed_result_text, shorten
+from gateway.proxy.calls import UNNAMED_TOOL, failed_result_text, shorten
 from gateway.security.untrusted_schemas import Problem, Verdict
-from gateway.tool_lists import mcp_session
-from gateway.upstreams import Upstream
+from gateway.upstreams.servers import Upstream
+from gateway.upstreams.tool_lists import mcp_session
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import Field
 
+from gateway.accounts.access import PRINCIPAL, USER, WS_ADMIN, WS_MEMBER, WS_OWNER, Principal, Role
 from gateway.api.models import Body, Email, InviteRole, Name, Out, RoleName, Slug, WorkspaceOut
 from gateway.api.routing import Routes
-from gateway.auth import PRINCIPAL, USER, WS_ADMIN, WS_MEMBER, WS_OWNER, Principal, Role
 from gateway.db import api_keys as api_keys_db
 from gateway.db import invites as invites_db
 from gateway.db import memberships as memberships_db

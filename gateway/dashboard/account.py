@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import accounts
+from gateway.accounts import signup as accounts
 from gateway.api import auth as auth_api
 from gateway.api.auth import LoginIn, PasswordChangeIn, SignupIn, VerifyEmailIn
 from gateway.dashboard import sessions

@@ -21,9 +21,9 @@ from aiohttp import web
 from multidict import MultiDictProxy
 from yarl import URL
 
-from gateway import accounts
+from gateway.accounts import signup as accounts
+from gateway.accounts.access import PRINCIPAL, Role
 from gateway.api.routing import read_bytes
-from gateway.auth import PRINCIPAL, Role
 from gateway.dashboard import sessions
 from gateway.db import dashboard_sessions as sessions_db
 from gateway.db import users as users_db

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from gateway.db.histograms import percentile
 from gateway.db.rollups import ceil_hour, floor_hour
 from gateway.db.types import Executor
-from gateway.histograms import percentile
 
 CALL_METRICS = ("error_rate", "avg_latency_ms", "call_count")
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from gateway.db.histograms import percentiles
 from gateway.db.rollups import floor_hour
 from gateway.db.types import Executor
-from gateway.histograms import percentiles
 
 PERCENTILES = (0.5, 0.95, 0.99)
 

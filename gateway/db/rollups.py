@@ -23,8 +23,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gateway.db import partitions
+from gateway.db.histograms import latency_bucket
 from gateway.db.types import Connection, Executor
-from gateway.histograms import latency_bucket
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _HOUR = timedelta(hours=1)

@@ -14,7 +14,7 @@ from gateway.db import partitions, rollups
 from gateway.db.rollups import ceil_hour, floor_hour
 from gateway.db.types import BIGINT_MAX, Connection, Executor
 
-# The order of a ToolCall record (gateway.calllog) and of the COPY.
+# The order of a ToolCall record (gateway.calllog.writer) and of the COPY.
 COLUMNS = (
     "id",
     "workspace_id",

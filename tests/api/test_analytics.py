@@ -17,8 +17,8 @@ from typing import Any
 
 import asyncpg
 
+from gateway.db.histograms import latency_bucket
 from gateway.db.rollups import floor_hour, rebuild
-from gateway.histograms import latency_bucket
 from gateway.keys import POOL
 from tests.alerting import add_server
 from tests.conftest import AppFactory

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gateway.keys import OPENAPI_DOCUMENT
-from gateway.outbound import parse_networks
+from gateway.security.outbound import parse_networks
 from tests.conftest import AppFactory
 
 ROOT = Path(__file__).resolve().parents[2]

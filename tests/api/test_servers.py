@@ -15,9 +15,9 @@ import asyncpg
 import orjson
 import pytest
 
+from gateway.background.prober import Prober
 from gateway.keys import HTTP, OPENAPI_DOCUMENT
 from gateway.mcp.client import McpClient
-from gateway.workers.prober import Prober
 from tests.conftest import AppFactory
 from tests.support import Account, Api
 from tests.test_proxy import add_server

@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.calllog import ToolCall, new_call_id
+from gateway.calllog.writer import ToolCall, new_call_id
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import floor_day
 from gateway.db.rollups import floor_hour

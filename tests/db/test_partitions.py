@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from gateway.calllog import ToolCall, new_call_id
+from gateway.calllog.writer import ToolCall, new_call_id
 from gateway.db import partitions
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import DAY, GRACE, day_name, floor_day

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.mcp.tool_calls import (
+from gateway.proxy.calls import (
     INVALID_REQUEST,
     MAX_BATCH,
     MAX_ERROR_CHARS,

@@ -9,10 +9,10 @@ from typing import Any
 import asyncpg
 import pytest
 
+from gateway.background.alert_evaluator import evaluate_due_rules, evaluate_rule, holds
 from gateway.db import alert_evaluation as evaluation_db
-from gateway.histograms import bucket_value, latency_bucket
+from gateway.db.histograms import bucket_value, latency_bucket
 from gateway.keys import POOL
-from gateway.workers.alert_evaluator import evaluate_due_rules, evaluate_rule, holds
 from tests.alerting import add_rule, add_server, ago, claim_all, evaluate, events, ingest
 from tests.api.conftest import cheap_password_hashing  # noqa: F401 -- autouse fixture
 from tests.conftest import AppFactory

@@ -10,8 +10,8 @@ from typing import Any
 
 import asyncpg
 
+from gateway.background.notifier import DeliveryPolicy, deliver_due
 from gateway.keys import HTTP, METRICS, POOL
-from gateway.workers.notifier import DeliveryPolicy, deliver_due
 from tests.alerting import (
     FAST,
     Receiver,

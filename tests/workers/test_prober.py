@@ -14,9 +14,9 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from gateway.background.prober import Prober
 from gateway.db import servers as servers_db
 from gateway.keys import POOL
-from gateway.workers.prober import Prober
 from tests.black_hole import black_hole
 from tests.conftest import AppFactory
 from tests.support import Account, Api

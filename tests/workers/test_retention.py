@@ -11,20 +11,20 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from gateway.calllog import ToolCall, new_call_id
-from gateway.db import health_checks as health_checks_db
-from gateway.db import tool_calls as tool_calls_db
-from gateway.db.partitions import GRACE, day_name, floor_day, partitions
-from gateway.db.rollups import TABLES, floor_hour, rebuild
-from gateway.keys import POOL, SETTINGS
-from gateway.mcp.probe import ProbeResult
-from gateway.workers.retention import (
+from gateway.background.retention import (
     prune_alert_events,
     prune_old_checks,
     prune_rollups,
     rollup_cutoff,
     run_once,
 )
+from gateway.calllog.writer import ToolCall, new_call_id
+from gateway.db import health_checks as health_checks_db
+from gateway.db import tool_calls as tool_calls_db
+from gateway.db.partitions import GRACE, day_name, floor_day, partitions
+from gateway.db.rollups import TABLES, floor_hour, rebuild
+from gateway.keys import POOL, SETTINGS
+from gateway.mcp.probe import ProbeResult
 from tests.api.test_analytics import check_against_raw, post_calls, random_calls
 from tests.api.test_analytics import workspace as analytics_workspace
 from tests.conftest import AppFactory

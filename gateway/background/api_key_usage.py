@@ -8,7 +8,7 @@ import uuid
 
 import asyncpg
 
-from gateway.auth import Authenticator
+from gateway.accounts.access import Authenticator
 from gateway.db import api_keys as api_keys_db
 
 log = logging.getLogger(__name__)

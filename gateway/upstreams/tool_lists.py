@@ -36,7 +36,9 @@ from aiocache.base import BaseCache
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from gateway.caches import Caches
+from gateway.caching.caches import Caches
+from gateway.caching.listener import CHANNEL
+from gateway.caching.shared import is_shared
 from gateway.errors import BadGateway, GatewayTimeout, ServiceUnavailable
 from gateway.keys import CACHES, HTTP, POOL, SETTINGS, SHARED_CACHE, TOOL_LIST_MEMORY
 from gateway.mcp.client import (
@@ -48,9 +50,7 @@ from gateway.mcp.client import (
     ToolListTooLarge,
     parsed_size,
 )
-from gateway.shared_cache import is_shared
-from gateway.upstreams import Upstream
-from gateway.workers.cache_listener import CHANNEL
+from gateway.upstreams.servers import Upstream
 
 log = logging.getLogger(__name__)
 

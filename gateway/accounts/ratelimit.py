@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from gateway.db.rate_limits import PostgresMovingWindow
 from gateway.errors import TooManyRequests
-from gateway.outbound import Network
+from gateway.security.outbound import Network
 
 log = logging.getLogger(__name__)
 

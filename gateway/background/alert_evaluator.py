@@ -15,11 +15,11 @@ import math
 
 import asyncpg
 
+from gateway.background import notifier
 from gateway.db import alert_evaluation as evaluation_db
 from gateway.db import alert_metrics
 from gateway.db.alert_evaluation import DueRule, Target
-from gateway.metrics import Metrics
-from gateway.workers import notifier
+from gateway.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import cast
 import asyncpg
 from aiohttp import web
 
-from gateway.caches import MISSING, Caches, InvalidatedCache
+from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import api_keys as api_keys_db
 from gateway.db import memberships as memberships_db
 from gateway.errors import Forbidden, NotFound, Unauthorized

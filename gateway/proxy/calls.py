@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.calllog import clean_text
+from gateway.calllog.writer import clean_text
 from gateway.mcp.sse import SseError, SseParser
 
 TOOLS_CALL: Final = "tools/call"

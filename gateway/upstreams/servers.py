@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from gateway.caches import MISSING, Caches, InvalidatedCache
+from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import servers as servers_db
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SecretBox

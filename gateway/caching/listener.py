@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.caches import Caches
+from gateway.caching.caches import Caches
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from gateway.db import servers as servers_db
 from gateway.keys import HTTP, METRICS, POOL, SECRET_BOX, SETTINGS, TOOL_LIST_MEMORY
 from gateway.mcp.client import ToolListMemory
 from gateway.mcp.probe import probe
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SecretBox
 

@@ -34,7 +34,7 @@ from gateway.config import Settings
 from gateway.db import alert_deliveries as deliveries_db
 from gateway.db.alert_deliveries import Attempt, DueDelivery, Shares
 from gateway.db.alert_evaluation import DueRule, Notification
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,11 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import Field
 
-from gateway import cors
+from gateway.accounts.access import PRINCIPAL, USE, Access
 from gateway.api.models import Out
 from gateway.api.routing import Routes, read_bytes
-from gateway.auth import PRINCIPAL, USE, Access
-from gateway.caches import MISSING
-from gateway.calllog import CallLog, Reservation, ToolCall, clean_text, new_call_id, no_room
+from gateway.caching.caches import MISSING
+from gateway.calllog.writer import CallLog, Reservation, ToolCall, clean_text, new_call_id, no_room
 from gateway.errors import (
     BadGateway,
     GatewayTimeout,
@@ -42,7 +41,9 @@ from gateway.errors import (
     UnsupportedMediaType,
 )
 from gateway.keys import CALL_LOG, HTTP, METRICS, PROXYING, SETTINGS, UPSTREAMS
-from gateway.mcp.tool_calls import (
+from gateway.ops.metrics import Metrics, observe
+from gateway.proxy import cors
+from gateway.proxy.calls import (
     CALLER_CANCELLED,
     ReplyReader,
     ToolCallSeen,
@@ -50,9 +51,8 @@ from gateway.mcp.tool_calls import (
     read_reply,
     tool_calls_in,
 )
-from gateway.metrics import Metrics, observe
-from gateway.outbound import RefusedAddress
-from gateway.upstreams import Upstream, Upstreams
+from gateway.security.outbound import RefusedAddress
+from gateway.upstreams.servers import Upstream, Upstreams
 
 log = logging.getLogger(__name__)
 

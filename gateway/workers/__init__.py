@@ -1,1 +1,0 @@
-"""Background loops that run in the server's event loop."""
