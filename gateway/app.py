@@ -12,9 +12,9 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
-from gateway.accounts.access import Authenticator
-from gateway.accounts.mailer import Mailer
-from gateway.accounts.ratelimit import AuthRateLimiter
+from gateway.accounts.access import AUTHENTICATOR, Authenticator
+from gateway.accounts.mailer import MAILER, Mailer
+from gateway.accounts.ratelimit import EMAIL_RATE_LIMITER, RATE_LIMITER, AuthRateLimiter
 from gateway.accounts.signup import VERIFICATION_EMAIL_RATE
 from gateway.api import alerts as alerts_api
 from gateway.api import analytics as analytics_api
@@ -26,50 +26,32 @@ from gateway.api import servers as servers_api
 from gateway.api import tool_calls as tool_calls_api
 from gateway.api import tools as tools_api
 from gateway.api import workspaces as workspaces_api
-from gateway.api.routing import mount
+from gateway.api.openapi import OPENAPI_DOCUMENT
+from gateway.api.routing import ENDPOINTS, mount
 from gateway.background.alert_evaluator import run_alert_evaluator
 from gateway.background.api_key_usage import record_key_usage
 from gateway.background.notifier import DeliveryPolicy, run_notifier
 from gateway.background.prober import Prober
 from gateway.background.retention import run_retention
 from gateway.background.tasks import BackgroundTasks
-from gateway.caching.caches import Caches
+from gateway.caching.caches import CACHES, Caches
 from gateway.caching.listener import listen_for_invalidations
-from gateway.caching.shared import create_shared_cache
-from gateway.calllog.writer import CallLog
+from gateway.caching.shared import SHARED_CACHE, create_shared_cache
+from gateway.calllog.writer import CALL_LOG, CallLog
 from gateway.config import Settings
 from gateway.dashboard import setup_dashboard
 from gateway.db.pool import create_pool
 from gateway.db.schema import apply_schema
 from gateway.errors import error_middleware
-from gateway.keys import (
-    AUTHENTICATOR,
-    CACHES,
-    CALL_LOG,
-    EMAIL_RATE_LIMITER,
-    ENDPOINTS,
-    HTTP,
-    MAILER,
-    METRICS,
-    OPENAPI_DOCUMENT,
-    POOL,
-    RATE_LIMITER,
-    SCHEMA_CHECKER,
-    SECRET_BOX,
-    SETTINGS,
-    SHARED_CACHE,
-    TOOL_LIST_MEMORY,
-    TOOL_LISTS,
-    UPSTREAMS,
-)
+from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.client import ToolListMemory
-from gateway.ops.metrics import Metrics
+from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
 from gateway.proxy import handler as proxy
-from gateway.security.secretbox import SecretBox
-from gateway.security.untrusted_schemas import SchemaChecker
-from gateway.upstreams.servers import Upstreams
-from gateway.upstreams.tool_lists import ToolLists
+from gateway.security.secretbox import SECRET_BOX, SecretBox
+from gateway.security.untrusted_schemas import SCHEMA_CHECKER, SchemaChecker
+from gateway.upstreams.servers import UPSTREAMS, Upstreams
+from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS, ToolLists
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from gateway.keys import ERROR_PAGE
 from gateway.proxy import cors
 
 log = logging.getLogger(__name__)
@@ -196,3 +195,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return await _error(request, 500, "internal server error")
+
+
+# Renders an error of a dashboard page (anything outside /api/) as a page: (request, status,
+# detail, headers). Without it every error is JSON.
+ERROR_PAGE: web.AppKey[
+    Callable[[web.Request, int, str, dict[str, str] | None], Awaitable[web.StreamResponse]]
+] = web.AppKey("error_page")

@@ -16,7 +16,8 @@ from aiohttp import web
 from gateway.background.alert_evaluator import evaluate_due_rules
 from gateway.background.notifier import DeliveryPolicy, deliver_due
 from gateway.db import alert_evaluation as evaluation_db
-from gateway.keys import HTTP, METRICS, POOL, SETTINGS
+from gateway.keys import HTTP, POOL, SETTINGS
+from gateway.ops.metrics import METRICS
 from tests.support import Account, Api, Credential
 from tests.upstreams import serve_loopback, unused_url
 

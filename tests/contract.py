@@ -8,8 +8,8 @@ import orjson
 from aiohttp import web
 from jsonschema import Draft202012Validator, FormatChecker
 
+from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.errors import Handler
-from gateway.keys import OPENAPI_DOCUMENT
 from gateway.proxy.handler import UpstreamResponse
 
 # Any endpoint may answer these without documenting them.

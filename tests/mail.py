@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiosmtpd.controller import Controller
 
-from gateway.keys import MAILER
+from gateway.accounts.mailer import MAILER
 from tests.support import Api
 from tests.upstreams import free_port
 

@@ -6,8 +6,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from gateway.accounts.access import AUTHENTICATOR
 from gateway.caching.caches import MISSING, Caches, InvalidatedCache
-from gateway.keys import AUTHENTICATOR
 from tests.conftest import AppFactory
 from tests.support import Api, Reply
 

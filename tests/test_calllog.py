@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 from uuid_utils.compat import uuid7
 
-from gateway.calllog.writer import CallLog, RowsRejected, ToolCall
+from gateway.calllog.writer import CALL_LOG, CallLog, RowsRejected, ToolCall
 from gateway.db import rollups
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.histograms import percentile
@@ -25,7 +25,6 @@ from gateway.db.partitions import floor_day
 from gateway.db.pool import create_pool
 from gateway.db.types import Connection
 from gateway.errors import ServiceUnavailable
-from gateway.keys import CALL_LOG
 from tests.api.test_analytics import snapshot
 from tests.conftest import restart_postgres
 from tests.support import Api

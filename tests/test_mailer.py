@@ -9,8 +9,7 @@ import uuid
 import asyncpg
 import pytest
 
-from gateway.accounts.mailer import INVITE_SUBJECT, VERIFY_SUBJECT
-from gateway.keys import MAILER
+from gateway.accounts.mailer import INVITE_SUBJECT, MAILER, VERIFY_SUBJECT
 from tests.conftest import AppFactory
 from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
 from tests.upstreams import free_port

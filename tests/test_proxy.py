@@ -24,7 +24,8 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from multidict import CIMultiDict
 
-from gateway.keys import CALL_LOG, SECRET_BOX
+from gateway.calllog.writer import CALL_LOG
+from gateway.security.secretbox import SECRET_BOX
 from tests.support import Account, Api
 from tests.upstreams import serve_loopback, unused_url
 

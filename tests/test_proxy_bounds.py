@@ -15,7 +15,7 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from gateway.keys import CALL_LOG
+from gateway.calllog.writer import CALL_LOG
 from tests.support import Api
 from tests.test_proxy import arrange, call, logged_calls, recorder, rpc
 from tests.upstreams import fake_upstream

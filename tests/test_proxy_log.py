@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from mcp.shared.exceptions import MCPError
 
-from gateway.keys import CALL_LOG
+from gateway.calllog.writer import CALL_LOG
 from gateway.proxy.calls import CALLER_CANCELLED
 from gateway.proxy.handler import CALLER_HUNG_UP
 from tests.support import Api

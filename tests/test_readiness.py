@@ -10,8 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.calllog.writer import ToolCall, new_call_id
-from gateway.keys import CALL_LOG
+from gateway.calllog.writer import CALL_LOG, ToolCall, new_call_id
 from gateway.ops.readiness import DATABASE_BOUND_SECONDS, EXPECTED_SCHEMA_VERSION
 from tests.api.test_tools import until
 from tests.conftest import AppFactory

@@ -201,3 +201,6 @@ def path_uuid(request: web.Request, name: str, what: str) -> uuid.UUID:
 _parse_uuid = functools.lru_cache(maxsize=4096)(uuid.UUID)
 # And agents send the same few keys: a SHA-256 per call cost as much as the call's log entry.
 _key_hash = functools.lru_cache(maxsize=1024)(hash_token)
+
+
+AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")

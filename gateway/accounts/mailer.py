@@ -15,6 +15,7 @@ from email.message import EmailMessage
 from urllib.parse import unquote, urlsplit
 
 import aiosmtplib
+from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +119,6 @@ class Mailer:
         """Let emails already accepted finish sending (before shutdown; tests wait here)."""
         if self._pending:
             await asyncio.wait(set(self._pending), timeout=_SEND_TIMEOUT)
+
+
+MAILER: web.AppKey[Mailer] = web.AppKey("mailer")

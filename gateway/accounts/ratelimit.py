@@ -86,3 +86,9 @@ class AuthRateLimiter:
             # Redis is a cache here: while it is away, logins go on unlimited (and logged)
             # rather than nobody logging in at all.
             log.warning("rate limit storage unavailable, attempt let through: %s", exc)
+
+
+# Login and signup attempts, per client address and per email.
+RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("auth_rate_limiter")
+# Verification emails per address (gateway.accounts.signup), shared by every process likewise.
+EMAIL_RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("email_rate_limiter")

@@ -21,7 +21,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.accounts.ratelimit import client_address
+from gateway.accounts.access import AUTHENTICATOR
+from gateway.accounts.mailer import MAILER
+from gateway.accounts.ratelimit import EMAIL_RATE_LIMITER, RATE_LIMITER, client_address
 from gateway.db import dashboard_sessions as sessions_db
 from gateway.db import invites as invites_db
 from gateway.db import memberships as memberships_db
@@ -31,7 +33,7 @@ from gateway.db import workspaces as workspaces_db
 from gateway.db.types import Connection
 from gateway.db.users import User
 from gateway.errors import ApiError, BadRequest, Forbidden, NotFound, Unauthorized
-from gateway.keys import AUTHENTICATOR, EMAIL_RATE_LIMITER, MAILER, POOL, RATE_LIMITER, SETTINGS
+from gateway.keys import POOL, SETTINGS
 from gateway.security.passwords import hash_password, verify_password
 from gateway.security.tokens import (
     EMAIL_VERIFICATION_TTL_SECONDS,

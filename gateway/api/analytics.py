@@ -16,9 +16,11 @@ from redis.exceptions import RedisError
 from gateway.accounts.access import PRINCIPAL, READ
 from gateway.api.models import Out, Query
 from gateway.api.routing import Routes
+from gateway.caching.shared import SHARED_CACHE
 from gateway.db import analytics as analytics_db
 from gateway.db.types import Executor
-from gateway.keys import METRICS, POOL, SETTINGS, SHARED_CACHE
+from gateway.keys import POOL, SETTINGS
+from gateway.ops.metrics import METRICS
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,11 @@ from prometheus_client.registry import Collector
 
 from gateway.accounts.access import PUBLIC
 from gateway.api.routing import Routes
-from gateway.calllog.writer import CallLog
-from gateway.keys import CACHES, CALL_LOG, METRICS, POOL, SETTINGS, TOOL_LISTS
-from gateway.ops.metrics import Labels, Metrics, Reading, Series, dump, families, load
+from gateway.caching.caches import CACHES
+from gateway.calllog.writer import CALL_LOG, CallLog
+from gateway.keys import POOL, SETTINGS
+from gateway.ops.metrics import METRICS, Labels, Metrics, Reading, Series, dump, families, load
+from gateway.upstreams.tool_lists import TOOL_LISTS
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from aiohttp import web
 from gateway.accounts.access import PUBLIC
 from gateway.api.models import NUL_FREE, DocumentSchema
 from gateway.api.routing import API_PREFIX, Endpoint, Routes, json_response
-from gateway.keys import OPENAPI_DOCUMENT
 from gateway.ops.readiness import OPENAPI_PATHS
 
 _REF = "#/components/schemas/{model}"
@@ -232,3 +231,6 @@ def add_docs_static(app: web.Application) -> None:
         return web.FileResponse(path, headers=DOCS_HEADERS)
 
     app.router.add_get(DOCS_STATIC + "/{name}", static)
+
+
+OPENAPI_DOCUMENT: web.AppKey[dict[str, Any]] = web.AppKey("openapi_document")

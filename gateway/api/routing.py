@@ -23,10 +23,17 @@ import orjson
 import pydantic
 from aiohttp import web
 
-from gateway.accounts.access import PRINCIPAL, Access, Authenticator, path_uuid, refuse_api_key
+from gateway.accounts.access import (
+    AUTHENTICATOR,
+    PRINCIPAL,
+    Access,
+    Authenticator,
+    path_uuid,
+    refuse_api_key,
+)
 from gateway.caching.caches import MISSING
 from gateway.errors import BadRequest, RequestTimeout, UnsupportedMediaType, ValidationFailed
-from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, SETTINGS
+from gateway.keys import SETTINGS
 
 API_PREFIX = "/api/v1"
 
@@ -317,3 +324,9 @@ def mount(app: web.Application, modules: Iterable[Routes]) -> list[Endpoint]:
             endpoint_of.setdefault(fn, endpoint)
     app[ENDPOINT_OF] = endpoint_of
     return endpoints
+
+
+# Every endpoint mounted, for the OpenAPI document and the tests.
+ENDPOINTS: web.AppKey[list[Endpoint]] = web.AppKey("endpoints")
+# Each API handler function's endpoint: its access rules, for the dashboard's calls.
+ENDPOINT_OF: web.AppKey[dict[Callable[..., Any], Endpoint]] = web.AppKey("endpoint_of")

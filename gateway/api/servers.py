@@ -32,12 +32,15 @@ from gateway.background.prober import Prober
 from gateway.db import servers as servers_db
 from gateway.db.bounds import AtBound
 from gateway.errors import BoundReached, NotFound, ValidationFailed
-from gateway.keys import POOL, PROXYING, SECRET_BOX, SETTINGS, UPSTREAMS
+from gateway.keys import POOL, SETTINGS
+from gateway.proxy.handler import PROXYING
 from gateway.security.credentials import (
     REFUSED_HEADER_NAMES,
     REFUSED_HEADER_PREFIXES,
     refused_header_name,
 )
+from gateway.security.secretbox import SECRET_BOX
+from gateway.upstreams.servers import UPSTREAMS
 
 routes = Routes("servers")
 

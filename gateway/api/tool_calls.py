@@ -29,13 +29,14 @@ from gateway.api.routing import (
     read_bytes,
     validation_detail,
 )
-from gateway.calllog.writer import ToolCall, clean_text, new_call_id
+from gateway.calllog.writer import CALL_LOG, ToolCall, clean_text, new_call_id
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import FUTURE_SLACK
 from gateway.db.rollups import floor_hour
 from gateway.db.types import BIGINT_MAX
 from gateway.errors import BadRequest, NotFound, ValidationFailed
-from gateway.keys import CALL_LOG, POOL, SETTINGS, UPSTREAMS
+from gateway.keys import POOL, SETTINGS
+from gateway.upstreams.servers import UPSTREAMS
 
 routes = Routes("tool calls")
 

@@ -17,23 +17,15 @@ from pydantic import Field, StringConstraints
 from gateway.accounts.access import ADMIN, PRINCIPAL, READ
 from gateway.api.models import Body, Out
 from gateway.api.routing import Routes
-from gateway.calllog.writer import Reservation, ToolCall, clean_text, new_call_id, no_room
+from gateway.calllog.writer import CALL_LOG, Reservation, ToolCall, clean_text, new_call_id, no_room
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
-from gateway.keys import (
-    CALL_LOG,
-    HTTP,
-    PROXYING,
-    SCHEMA_CHECKER,
-    SETTINGS,
-    TOOL_LIST_MEMORY,
-    TOOL_LISTS,
-    UPSTREAMS,
-)
+from gateway.keys import HTTP, SETTINGS
 from gateway.mcp.client import McpError
 from gateway.proxy.calls import UNNAMED_TOOL, failed_result_text, shorten
-from gateway.security.untrusted_schemas import Problem, Verdict
-from gateway.upstreams.servers import Upstream
-from gateway.upstreams.tool_lists import mcp_session
+from gateway.proxy.handler import PROXYING
+from gateway.security.untrusted_schemas import SCHEMA_CHECKER, Problem, Verdict
+from gateway.upstreams.servers import UPSTREAMS, Upstream
+from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS, mcp_session
 
 log = logging.getLogger(__name__)
 

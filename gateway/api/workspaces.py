@@ -9,7 +9,17 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import Field
 
-from gateway.accounts.access import PRINCIPAL, USER, WS_ADMIN, WS_MEMBER, WS_OWNER, Principal, Role
+from gateway.accounts.access import (
+    AUTHENTICATOR,
+    PRINCIPAL,
+    USER,
+    WS_ADMIN,
+    WS_MEMBER,
+    WS_OWNER,
+    Principal,
+    Role,
+)
+from gateway.accounts.mailer import MAILER
 from gateway.api.models import Body, Email, InviteRole, Name, Out, RoleName, Slug, WorkspaceOut
 from gateway.api.routing import Routes
 from gateway.db import api_keys as api_keys_db
@@ -19,7 +29,7 @@ from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
 from gateway.db.bounds import AtBound
 from gateway.errors import BadRequest, BoundReached, Forbidden, NotFound, TooManyRequests
-from gateway.keys import AUTHENTICATOR, MAILER, POOL, SETTINGS
+from gateway.keys import POOL, SETTINGS
 from gateway.security.api_keys import DISPLAY_PREFIX_LENGTH, new_api_key
 from gateway.security.tokens import hash_token, invite_token
 

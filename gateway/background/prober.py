@@ -18,12 +18,13 @@ from aiohttp import web
 
 from gateway.db import health_checks as health_checks_db
 from gateway.db import servers as servers_db
-from gateway.keys import HTTP, METRICS, POOL, SECRET_BOX, SETTINGS, TOOL_LIST_MEMORY
+from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.client import ToolListMemory
 from gateway.mcp.probe import probe
-from gateway.ops.metrics import Metrics
+from gateway.ops.metrics import METRICS, Metrics
 from gateway.security.credentials import upstream_auth_headers
-from gateway.security.secretbox import SecretBox
+from gateway.security.secretbox import SECRET_BOX, SecretBox
+from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,8 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
+from aiohttp import web
+
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
@@ -132,3 +134,6 @@ class Caches:
             self.listening.set()
         else:
             self.listening.clear()
+
+
+CACHES: web.AppKey[Caches] = web.AppKey("caches")

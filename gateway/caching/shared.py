@@ -13,6 +13,7 @@ import orjson
 from aiocache import RedisCache, SimpleMemoryCache
 from aiocache.base import BaseCache
 from aiocache.serializers import BaseSerializer
+from aiohttp import web
 
 
 class OrjsonSerializer(BaseSerializer):  # type: ignore[misc]  # aiocache is untyped
@@ -45,3 +46,7 @@ def create_shared_cache(redis_url: str | None) -> BaseCache:
 def is_shared(cache: BaseCache) -> bool:
     """True when every process sees the same entries (Redis), so a drop needs no broadcast."""
     return isinstance(cache, RedisCache)
+
+
+# Tool lists and analytics answers: in memory, or in Redis shared by every process.
+SHARED_CACHE = web.AppKey("shared_cache", BaseCache)

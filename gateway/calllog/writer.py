@@ -34,6 +34,7 @@ from typing import NamedTuple, overload
 
 import asyncpg
 import uuid_utils
+from aiohttp import web
 from asyncpg.pgproto import pgproto
 
 from gateway.db import tool_calls as tool_calls_db
@@ -697,3 +698,7 @@ class CallLog:
                 future.set_exception(exc)
         self._held -= sum(len(retry.batch) for retry in self._retries)
         self._rows, self._waiters, self._retries = [], [], []
+
+
+# The tool call log: add() from the hot path, write() to wait for the commit.
+CALL_LOG: web.AppKey[CallLog] = web.AppKey("call_log")

@@ -22,7 +22,7 @@ from markupsafe import Markup, escape
 
 from gateway.dashboard import account, alerts, analytics, overview, servers, settings, tool_calls
 from gateway.dashboard.pages import render, secure
-from gateway.keys import ERROR_PAGE
+from gateway.errors import ERROR_PAGE
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.accounts import signup as accounts
+from gateway.accounts.access import AUTHENTICATOR
 from gateway.api import auth as auth_api
 from gateway.api.auth import LoginIn, PasswordChangeIn, SignupIn, VerifyEmailIn
 from gateway.dashboard import sessions
@@ -27,7 +28,7 @@ from gateway.dashboard.pages import (
 from gateway.db import dashboard_sessions as sessions_db
 from gateway.db import invites as invites_db
 from gateway.errors import ApiError, BadRequest, Forbidden, NotFound
-from gateway.keys import AUTHENTICATOR, POOL, SETTINGS
+from gateway.keys import POOL, SETTINGS
 from gateway.security.tokens import InvalidToken, read_email_token
 
 pages = Pages()

@@ -22,15 +22,15 @@ from multidict import MultiDictProxy
 from yarl import URL
 
 from gateway.accounts import signup as accounts
-from gateway.accounts.access import PRINCIPAL, Role
-from gateway.api.routing import read_bytes
+from gateway.accounts.access import AUTHENTICATOR, PRINCIPAL, Role
+from gateway.api.routing import ENDPOINT_OF, read_bytes
 from gateway.dashboard import sessions
 from gateway.db import dashboard_sessions as sessions_db
 from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
 from gateway.db.users import User
 from gateway.errors import ApiError, BadRequest, Forbidden, NotFound
-from gateway.keys import AUTHENTICATOR, ENDPOINT_OF, POOL, SETTINGS
+from gateway.keys import POOL, SETTINGS
 
 View = Callable[[web.Request], Awaitable[dict[str, Any] | web.StreamResponse]]
 T = TypeVar("T")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
+from aiohttp import web
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -275,3 +276,7 @@ def load(raw: bytes) -> list[Series]:
         Series(kind, name, documentation, tuple(labelnames), [(tuple(k), v) for k, v in values])
         for kind, name, documentation, labelnames, values in orjson.loads(raw)
     ]
+
+
+# What this process counts, for /metrics (the hot paths hold their instruments directly).
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")

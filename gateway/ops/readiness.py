@@ -17,8 +17,9 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from gateway.calllog.writer import CALL_LOG
 from gateway.db.schema import current_version, migrations, schema_sql
-from gateway.keys import CALL_LOG, DATABASE_CHECK, POOL, SETTINGS
+from gateway.keys import POOL, SETTINGS
 
 # How long the database may take to answer a readiness check.
 DATABASE_BOUND_SECONDS = 2.0
@@ -135,3 +136,7 @@ def setup_readiness(app: web.Application) -> None:
     app[DATABASE_CHECK] = DatabaseCheck(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+
+
+# /readyz's check of PostgreSQL (one at a time, however often it is polled).
+DATABASE_CHECK: web.AppKey[DatabaseCheck] = web.AppKey("database_check")

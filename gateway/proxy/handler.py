@@ -30,7 +30,15 @@ from gateway.accounts.access import PRINCIPAL, USE, Access
 from gateway.api.models import Out
 from gateway.api.routing import Routes, read_bytes
 from gateway.caching.caches import MISSING
-from gateway.calllog.writer import CallLog, Reservation, ToolCall, clean_text, new_call_id, no_room
+from gateway.calllog.writer import (
+    CALL_LOG,
+    CallLog,
+    Reservation,
+    ToolCall,
+    clean_text,
+    new_call_id,
+    no_room,
+)
 from gateway.errors import (
     BadGateway,
     GatewayTimeout,
@@ -40,8 +48,8 @@ from gateway.errors import (
     TooManyRequests,
     UnsupportedMediaType,
 )
-from gateway.keys import CALL_LOG, HTTP, METRICS, PROXYING, SETTINGS, UPSTREAMS
-from gateway.ops.metrics import Metrics, observe
+from gateway.keys import HTTP, SETTINGS
+from gateway.ops.metrics import METRICS, Metrics, observe
 from gateway.proxy import cors
 from gateway.proxy.calls import (
     CALLER_CANCELLED,
@@ -52,7 +60,7 @@ from gateway.proxy.calls import (
     tool_calls_in,
 )
 from gateway.security.outbound import RefusedAddress
-from gateway.upstreams.servers import Upstream, Upstreams
+from gateway.upstreams.servers import UPSTREAMS, Upstream, Upstreams
 
 log = logging.getLogger(__name__)
 
@@ -822,3 +830,7 @@ async def preflight(request: web.Request, server_id: uuid.UUID) -> web.Response:
             "Access-Control-Max-Age": "86400",
         },
     )
+
+
+# What the proxy uses on every request (set once the cleanup contexts have run).
+PROXYING: web.AppKey[Proxying] = web.AppKey("proxying")

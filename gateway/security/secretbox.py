@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from aiohttp import web
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 
@@ -31,3 +32,6 @@ class SecretBox:
     def rotate(self, token: bytes) -> bytes:
         """Re-encrypt with the first key."""
         return self._fernet.rotate(token)
+
+
+SECRET_BOX: web.AppKey[SecretBox] = web.AppKey("secret_box")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import orjson
+from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -315,3 +316,7 @@ def _path(raw: Any) -> Sequence[str | int]:
     if not isinstance(raw, list):
         return ()
     return [part if isinstance(part, str | int) else str(part) for part in raw]
+
+
+# The worker processes that check playground arguments against upstream JSON Schemas.
+SCHEMA_CHECKER: web.AppKey[SchemaChecker] = web.AppKey("schema_checker")

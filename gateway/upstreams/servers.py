@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 
 import asyncpg
+from aiohttp import web
 
 from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import servers as servers_db
@@ -70,3 +71,6 @@ class Upstreams:
             url=row.url,
             auth_headers=upstream_auth_headers(row.auth_type, credentials),
         )
+
+
+UPSTREAMS: web.AppKey[Upstreams] = web.AppKey("upstreams")

@@ -36,11 +36,11 @@ from aiocache.base import BaseCache
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from gateway.caching.caches import Caches
+from gateway.caching.caches import CACHES, Caches
 from gateway.caching.listener import CHANNEL
-from gateway.caching.shared import is_shared
+from gateway.caching.shared import SHARED_CACHE, is_shared
 from gateway.errors import BadGateway, GatewayTimeout, ServiceUnavailable
-from gateway.keys import CACHES, HTTP, POOL, SETTINGS, SHARED_CACHE, TOOL_LIST_MEMORY
+from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.client import (
     McpClient,
     McpError,
@@ -353,3 +353,9 @@ def _descriptor(tool: dict[str, Any]) -> dict[str, Any]:
         "description": description if isinstance(description, str) else "",
         "inputSchema": schema if isinstance(schema, dict) else {"type": "object"},
     }
+
+
+# The playground's upstream tool lists (kept in SHARED_CACHE).
+TOOL_LISTS: web.AppKey[ToolLists] = web.AppKey("tool_lists")
+# What this process holds of upstream tool lists at once (playground and probes alike).
+TOOL_LIST_MEMORY: web.AppKey[ToolListMemory] = web.AppKey("tool_list_memory")

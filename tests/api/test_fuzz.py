@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.keys import OPENAPI_DOCUMENT
+from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.security.outbound import parse_networks
 from tests.conftest import AppFactory
 

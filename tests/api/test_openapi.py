@@ -18,12 +18,11 @@ from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 
 from gateway.accounts.access import PUBLIC
 from gateway.api.models import EMAIL_PATTERN, NUL_FREE, TRIMMED, URL_PATTERN, Email, HttpUrl, Out
-from gateway.api.openapi import DOCS_INIT, DOCS_STATIC, build_document
+from gateway.api.openapi import DOCS_INIT, DOCS_STATIC, OPENAPI_DOCUMENT, build_document
 from gateway.api.routing import API_PREFIX, Routes, mount
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.errors import NotFound, error_middleware
-from gateway.keys import OPENAPI_DOCUMENT
 from tests.contract import ContractChecker
 from tests.support import Api
 

@@ -15,8 +15,9 @@ import asyncpg
 import orjson
 import pytest
 
+from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.background.prober import Prober
-from gateway.keys import HTTP, OPENAPI_DOCUMENT
+from gateway.keys import HTTP
 from gateway.mcp.client import McpClient
 from tests.conftest import AppFactory
 from tests.support import Account, Api

@@ -13,8 +13,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.keys import CACHES, SHARED_CACHE, TOOL_LIST_MEMORY, TOOL_LISTS
+from gateway.caching.caches import CACHES
+from gateway.caching.shared import SHARED_CACHE
 from gateway.mcp.client import McpClient
+from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS
 from tests.alerting import add_server
 from tests.conftest import AppFactory
 from tests.hostile import (

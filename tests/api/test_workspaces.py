@@ -12,7 +12,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.keys import AUTHENTICATOR, CACHES
+from gateway.accounts.access import AUTHENTICATOR
+from gateway.caching.caches import CACHES
 from tests.conftest import AppFactory
 from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
 from tests.support import Api, Reply

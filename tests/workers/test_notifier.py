@@ -11,7 +11,8 @@ from typing import Any
 import asyncpg
 
 from gateway.background.notifier import DeliveryPolicy, deliver_due
-from gateway.keys import HTTP, METRICS, POOL
+from gateway.keys import HTTP, POOL
+from gateway.ops.metrics import METRICS
 from tests.alerting import (
     FAST,
     Receiver,
