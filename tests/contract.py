@@ -10,7 +10,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 
 from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.errors import Handler
-from gateway.proxy.handler import UpstreamResponse
+from gateway.proxy.headers import UpstreamResponse
 
 # Any endpoint may answer these without documenting them.
 _UNDOCUMENTED_OK = {503}

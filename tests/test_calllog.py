@@ -17,7 +17,8 @@ import asyncpg
 import pytest
 from uuid_utils.compat import uuid7
 
-from gateway.calllog.writer import CALL_LOG, CallLog, RowsRejected, ToolCall
+from gateway.calllog.records import ToolCall
+from gateway.calllog.writer import CALL_LOG, CallLog, RowsRejected
 from gateway.db import rollups
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.histograms import percentile
@@ -79,18 +80,18 @@ def record(
     at: datetime | None = None,
 ) -> ToolCall:
     return ToolCall(
-        uuid7(),
-        workspace,
-        server,
-        tool,
-        None,
-        status,
-        duration,
-        None,
-        None,
-        100,
-        None if status == "success" else "failed",
-        at or datetime.now(UTC),
+        id=uuid7(),
+        workspace_id=workspace,
+        server_id=server,
+        tool_name=tool,
+        caller_agent=None,
+        status=status,
+        duration_ms=duration,
+        input_tokens=None,
+        output_tokens=None,
+        output_size_bytes=100,
+        error_message=None if status == "success" else "failed",
+        created_at=at or datetime.now(UTC),
     )
 
 
@@ -210,18 +211,18 @@ async def test_concurrent_batches_and_a_deleted_server_keep_every_rollup_exact(
     def batch() -> list[ToolCall]:
         return [
             ToolCall(
-                uuid7(),
-                workspace,
-                rng.choice([server, other, doomed]),
-                rng.choice(["search", "fetch", "read"]),
-                rng.choice([None, "planner", "coder"]),
-                rng.choice(["success", "error"]),
-                None if rng.random() < 0.1 else int(rng.lognormvariate(5, 1.5)),
-                None,
-                None,
-                None,
-                None,
-                hour + timedelta(minutes=rng.randrange(180)),
+                id=uuid7(),
+                workspace_id=workspace,
+                server_id=rng.choice([server, other, doomed]),
+                tool_name=rng.choice(["search", "fetch", "read"]),
+                caller_agent=rng.choice([None, "planner", "coder"]),
+                status=rng.choice(["success", "error"]),
+                duration_ms=None if rng.random() < 0.1 else int(rng.lognormvariate(5, 1.5)),
+                input_tokens=None,
+                output_tokens=None,
+                output_size_bytes=None,
+                error_message=None,
+                created_at=hour + timedelta(minutes=rng.randrange(180)),
             )
             for _ in range(300)
         ]

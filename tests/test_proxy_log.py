@@ -18,8 +18,8 @@ from aiohttp import web
 from mcp.shared.exceptions import MCPError
 
 from gateway.calllog.writer import CALL_LOG
-from gateway.proxy.calls import CALLER_CANCELLED
-from gateway.proxy.handler import CALLER_HUNG_UP
+from gateway.proxy.outcome import CALLER_HUNG_UP
+from gateway.proxy.replies import CALLER_CANCELLED
 from tests.support import Api
 from tests.test_proxy import ACCEPT, arrange, call, logged_calls, recorder, rpc, sdk_client
 

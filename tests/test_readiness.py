@@ -10,7 +10,8 @@ from typing import Any
 
 import asyncpg
 
-from gateway.calllog.writer import CALL_LOG, ToolCall, new_call_id
+from gateway.calllog.records import ToolCall, new_call_id
+from gateway.calllog.writer import CALL_LOG
 from gateway.ops.readiness import DATABASE_BOUND_SECONDS, EXPECTED_SCHEMA_VERSION
 from tests.api.test_tools import until
 from tests.conftest import AppFactory
@@ -70,10 +71,20 @@ async def test_a_frozen_database_is_alive_but_not_ready_and_then_ready_again(
         for _ in range(9):
             call_log.add(
                 ToolCall(
-                    new_call_id(), workspace_id, uuid.uuid4(), "t", None, "success",
-                    None, None, None, None, None, datetime.now(UTC),
+                    id=new_call_id(),
+                    workspace_id=workspace_id,
+                    server_id=uuid.uuid4(),
+                    tool_name="t",
+                    caller_agent=None,
+                    status="success",
+                    duration_ms=None,
+                    input_tokens=None,
+                    output_tokens=None,
+                    output_size_bytes=None,
+                    error_message=None,
+                    created_at=datetime.now(UTC),
                 )
-            )  # fmt: skip
+            )
         reply = await probe(api, "/readyz")
         assert reply.status == 503
         assert reply.detail.endswith("; call log: 9 of at most 10 tool calls waiting to be stored")

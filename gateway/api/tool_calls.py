@@ -29,7 +29,8 @@ from gateway.api.routing import (
     read_bytes,
     validation_detail,
 )
-from gateway.calllog.writer import CALL_LOG, ToolCall, clean_text, new_call_id
+from gateway.calllog.records import ToolCall, clean_text, new_call_id
+from gateway.calllog.writer import CALL_LOG
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import FUTURE_SLACK
 from gateway.db.rollups import floor_hour
@@ -186,18 +187,18 @@ async def ingest(request: web.Request) -> web.Response:
         names[server_id] = upstream.name
     records = [
         ToolCall(
-            call_id,
-            workspace_id,
-            call["server_id"],
-            clean_text(call["tool_name"]) or "(unnamed)",
-            clean_text(call.get("caller_agent")),
-            call["status"],
-            call.get("duration_ms"),
-            call.get("input_tokens"),
-            call.get("output_tokens"),
-            call.get("output_size_bytes"),
-            clean_text(call.get("error_message")),
-            call.get("created_at") or now,
+            id=call_id,
+            workspace_id=workspace_id,
+            server_id=call["server_id"],
+            tool_name=clean_text(call["tool_name"]) or "(unnamed)",
+            caller_agent=clean_text(call.get("caller_agent")),
+            status=call["status"],
+            duration_ms=call.get("duration_ms"),
+            input_tokens=call.get("input_tokens"),
+            output_tokens=call.get("output_tokens"),
+            output_size_bytes=call.get("output_size_bytes"),
+            error_message=clean_text(call.get("error_message")),
+            created_at=call.get("created_at") or now,
         )
         for call_id, call in ((new_call_id(), call) for call in calls)
     ]

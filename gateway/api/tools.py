@@ -17,12 +17,14 @@ from pydantic import Field, StringConstraints
 from gateway.accounts.access import ADMIN, PRINCIPAL, READ
 from gateway.api.models import Body, Out
 from gateway.api.routing import Routes
-from gateway.calllog.writer import CALL_LOG, Reservation, ToolCall, clean_text, new_call_id, no_room
+from gateway.calllog.records import ToolCall, clean_text, new_call_id
+from gateway.calllog.writer import CALL_LOG, Reservation, no_room
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
 from gateway.keys import HTTP, SETTINGS
 from gateway.mcp.client import McpError
-from gateway.proxy.calls import UNNAMED_TOOL, failed_result_text, shorten
 from gateway.proxy.handler import PROXYING
+from gateway.proxy.replies import failed_result_text, shorten
+from gateway.proxy.requests import UNNAMED_TOOL
 from gateway.security.untrusted_schemas import SCHEMA_CHECKER, Problem, Verdict
 from gateway.upstreams.servers import UPSTREAMS, Upstream
 from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS, mcp_session
@@ -252,18 +254,18 @@ def _log_row(upstream: Upstream, tool_name: str, outcome: _Outcome) -> ToolCall:
     failed = outcome.error is not None
     size = None if outcome.result is None else len(orjson.dumps(outcome.result))
     return ToolCall(
-        new_call_id(),
-        upstream.workspace_id,
-        upstream.id,
-        clean_text(tool_name) or UNNAMED_TOOL,
-        PLAYGROUND_AGENT,
-        "error" if failed else "success",
-        outcome.duration_ms,
-        None,
-        None,
-        size,
-        clean_text(outcome.error),
-        datetime.now(UTC),
+        id=new_call_id(),
+        workspace_id=upstream.workspace_id,
+        server_id=upstream.id,
+        tool_name=clean_text(tool_name) or UNNAMED_TOOL,
+        caller_agent=PLAYGROUND_AGENT,
+        status="error" if failed else "success",
+        duration_ms=outcome.duration_ms,
+        input_tokens=None,
+        output_tokens=None,
+        output_size_bytes=size,
+        error_message=clean_text(outcome.error),
+        created_at=datetime.now(UTC),
     )
 
 

@@ -12,9 +12,10 @@ queue is bounded (max_rows, counting batches being written or waiting for a retr
 bound, add() drops the new record and counts it (stats.dropped, and a warning at most every
 10 s), and write() (POST /tool-calls, which answers only after its rows are committed) refuses
 with 503, so nothing acknowledged is dropped. One workspace may hold at most a share of the
-bound (workspace_rows): the proxy asks has_room() before it forwards calls, and refuses them
-when there is none, and write() refuses with 503, so one tenant's flood never fills the log
-the others need. On shutdown the queue drains before the pool closes.
+bound (workspace_rows), its rows not stored and the rows it reserved together: the proxy
+reserves room for a request's calls before it forwards them (and refuses them without room),
+add() never drops a reserved row, and write() refuses with 503, so one tenant's flood never
+fills the log the others need. On shutdown the queue drains before the pool closes.
 """
 
 from __future__ import annotations
@@ -23,46 +24,21 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import operator
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import NamedTuple, overload
 
 import asyncpg
-import uuid_utils
 from aiohttp import web
-from asyncpg.pgproto import pgproto
 
+from gateway.calllog.records import WORKSPACE_OF, ToolCall
 from gateway.db import tool_calls as tool_calls_db
 from gateway.errors import DATABASE_DOWN, ServiceUnavailable, ValidationFailed
 
 log = logging.getLogger(__name__)
 
-# -- records -----------------------------------------------------------------------------------
-
-
-class ToolCall(NamedTuple):
-    """One row of tool_calls in the order of gateway.db.tool_calls.COLUMNS (COPY takes it)."""
-
-    id: uuid.UUID
-    workspace_id: uuid.UUID
-    server_id: uuid.UUID
-    tool_name: str
-    caller_agent: str | None
-    status: str
-    duration_ms: int | None
-    input_tokens: int | None
-    output_tokens: int | None
-    output_size_bytes: int | None
-    error_message: str | None
-    created_at: datetime
-
-
-_WORKSPACE_OF = operator.itemgetter(1)  # a ToolCall's workspace_id
 # Room reserved in the log for a workspace's calls not yet added: a one-item list (the rows),
 # which the proxy hands back to add() so that no dictionary is looked up per call.
 Reservation = list[int]
@@ -70,37 +46,6 @@ Reservation = list[int]
 _RESERVATIONS_KEPT = 10_000
 # How often the rows waiting are counted by workspace, while they are many.
 _SHARES_SECONDS = 0.05
-
-
-def new_call_id() -> uuid.UUID:
-    """A time-ordered id (UUIDv7: new rows append to the primary key), as asyncpg's own UUID
-    type, a uuid.UUID that COPY writes by copying its 16 bytes: a third of the cost of
-    uuid_utils.compat.uuid7(), and no Python `.bytes` property per row in the COPY."""
-    return pgproto.UUID(uuid_utils.uuid7().bytes)
-
-
-@overload
-def clean_text(value: str) -> str: ...
-@overload
-def clean_text(value: None) -> None: ...
-@overload
-def clean_text(value: str | None) -> str | None: ...
-def clean_text(value: str | None) -> str | None:
-    """Text as PostgreSQL can store it, so one row never fails a whole batch: without NUL, and
-    valid UTF-8 (aiohttp hands over undecodable header bytes as lone surrogates, which cannot
-    be encoded; they become U+FFFD)."""
-    if value is None:
-        return None
-    if not value.isascii():  # a flag in CPython: free for the usual ASCII header or name
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            try:  # the bytes aiohttp could not decode, then each bad byte as U+FFFD
-                raw = value.encode("utf-8", "surrogateescape")
-            except UnicodeEncodeError:  # other lone surrogates (from a JSON \ud800 escape)
-                raw = value.encode("utf-8", "surrogatepass")
-            value = raw.decode("utf-8", "replace")
-    return value.replace("\x00", "") if "\x00" in value else value
 
 
 # -- the writer --------------------------------------------------------------------------------
@@ -312,7 +257,7 @@ class CallLog:
         if not self._counting or now - self._shares_at >= _SHARES_SECONDS:
             unstored = [self._rows, *(batch for batch, _ in self._writing.values())]
             unstored += [retry.batch for retry in self._retries]
-            self._shares = Counter(map(_WORKSPACE_OF, itertools.chain.from_iterable(unstored)))
+            self._shares = Counter(map(WORKSPACE_OF, itertools.chain.from_iterable(unstored)))
             self._shares_at = now
             self._counting = True
         return self._shares[workspace_id]
@@ -356,7 +301,7 @@ class CallLog:
         if reservation is not None:
             taken.append((reservation, len(calls)))
         else:
-            for workspace_id, count in Counter(map(_WORKSPACE_OF, calls)).items():
+            for workspace_id, count in Counter(map(WORKSPACE_OF, calls)).items():
                 held = self.reserve(workspace_id, count)
                 if held is None:
                     self._give_back(taken)
@@ -364,7 +309,7 @@ class CallLog:
                 taken.append((held, count))
         self._give_back(taken)  # they turn into rows now
         if self._counting:
-            self._shares.update(map(_WORKSPACE_OF, calls))
+            self._shares.update(map(WORKSPACE_OF, calls))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         start = len(self._rows)
         self._rows.extend(calls)

@@ -13,7 +13,8 @@ from pathlib import Path
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.calllog.writer import CALL_LOG, ToolCall
+from gateway.calllog.records import ToolCall
+from gateway.calllog.writer import CALL_LOG
 from tests.alerting import add_rule, deliver, evaluate, ingest, receiver
 from tests.alerting import add_server as register_server
 from tests.conftest import AppFactory

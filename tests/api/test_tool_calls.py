@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.calllog.writer import ToolCall, new_call_id
+from gateway.calllog.records import ToolCall, new_call_id
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import floor_day
 from gateway.db.rollups import floor_hour
@@ -191,18 +191,18 @@ async def test_only_calls_within_the_retention_are_listed_and_counted(
     ages += [now - kept_since - timedelta(seconds=1)]  # the oldest listed: in the first hour
     calls = [
         ToolCall(
-            new_call_id(),
-            uuid.UUID(owner.workspace_id),
-            uuid.UUID(server_id),
-            "search" if i % 2 else "fetch",
-            None,
-            "error" if i % 3 == 0 else "success",
-            5,
-            None,
-            None,
-            None,
-            None,
-            now - age,
+            id=new_call_id(),
+            workspace_id=uuid.UUID(owner.workspace_id),
+            server_id=uuid.UUID(server_id),
+            tool_name="search" if i % 2 else "fetch",
+            caller_agent=None,
+            status="error" if i % 3 == 0 else "success",
+            duration_ms=5,
+            input_tokens=None,
+            output_tokens=None,
+            output_size_bytes=None,
+            error_message=None,
+            created_at=now - age,
         )
         for i, age in enumerate(ages * 60)
     ]

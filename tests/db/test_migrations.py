@@ -14,7 +14,7 @@ from pathlib import Path
 
 import asyncpg
 
-from gateway.calllog.writer import ToolCall
+from gateway.calllog.records import ToolCall
 from gateway.db import tool_calls
 from gateway.db.partitions import AHEAD_DAYS, DEFAULT_KEEP_DAYS, floor_day, partitions
 from gateway.db.rollups import TABLES, rebuild

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from gateway.calllog.writer import ToolCall, new_call_id
+from gateway.calllog.records import ToolCall, new_call_id
 from gateway.db import partitions
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import DAY, GRACE, day_name, floor_day
@@ -43,7 +43,18 @@ async def server(db: asyncpg.Connection) -> tuple[uuid.UUID, uuid.UUID]:
 
 def call(workspace_id: uuid.UUID, server_id: uuid.UUID, at: datetime) -> ToolCall:
     return ToolCall(
-        new_call_id(), workspace_id, server_id, "t", None, "success", 1, None, None, None, None, at
+        id=new_call_id(),
+        workspace_id=workspace_id,
+        server_id=server_id,
+        tool_name="t",
+        caller_agent=None,
+        status="success",
+        duration_ms=1,
+        input_tokens=None,
+        output_tokens=None,
+        output_size_bytes=None,
+        error_message=None,
+        created_at=at,
     )
 
 

@@ -7,16 +7,13 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.proxy.calls import (
+from gateway.proxy.replies import MAX_ERROR_CHARS, MAX_JUDGED_BYTES, ReplyReader, read_reply
+from gateway.proxy.requests import (
     INVALID_REQUEST,
     MAX_BATCH,
-    MAX_ERROR_CHARS,
-    MAX_JUDGED_BYTES,
     PARSE_ERROR,
-    ReplyReader,
     ToolCallSeen,
     UnreadableRequest,
-    read_reply,
     tool_calls_in,
 )
 

@@ -18,7 +18,7 @@ from gateway.background.retention import (
     rollup_cutoff,
     run_once,
 )
-from gateway.calllog.writer import ToolCall, new_call_id
+from gateway.calllog.records import ToolCall, new_call_id
 from gateway.db import health_checks as health_checks_db
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import GRACE, day_name, floor_day, partitions
@@ -170,10 +170,22 @@ async def test_rollups_and_alert_events_go_in_batches(api: Api, db: asyncpg.Conn
     # Calls 50, 45 and 40 days old (their days get partitions as they are written) and recent.
     ages = [timedelta(days=d, minutes=m) for d in (50, 45, 40, 2) for m in range(0, 300, 7)]
     calls = [
-        ToolCall(new_call_id(), workspace_id, server_id, f"tool-{i % 3}", "a" if i % 2 else None,
-                 "error" if i % 5 == 0 else "success", i, None, None, None, None, now - age)
+        ToolCall(
+            id=new_call_id(),
+            workspace_id=workspace_id,
+            server_id=server_id,
+            tool_name=f"tool-{i % 3}",
+            caller_agent="a" if i % 2 else None,
+            status="error" if i % 5 == 0 else "success",
+            duration_ms=i,
+            input_tokens=None,
+            output_tokens=None,
+            output_size_bytes=None,
+            error_message=None,
+            created_at=now - age,
+        )
         for i, age in enumerate(ages)
-    ]  # fmt: skip
+    ]
     await tool_calls_db.write_batch(db, calls)
     settings = api.app[SETTINGS].replace(rollup_retention_days=42, alert_retention_days=10)
     cutoff = rollup_cutoff(settings, now)
