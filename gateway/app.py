@@ -44,7 +44,7 @@ from gateway.db.pool import create_pool
 from gateway.db.schema import apply_schema
 from gateway.errors import error_middleware
 from gateway.keys import HTTP, POOL, SETTINGS
-from gateway.mcp.client import ToolListMemory
+from gateway.mcp.tool_list_budget import ToolListMemory
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
 from gateway.proxy import handler as proxy

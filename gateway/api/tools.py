@@ -21,7 +21,7 @@ from gateway.calllog.records import ToolCall, clean_text, new_call_id
 from gateway.calllog.writer import CALL_LOG, Reservation, no_room
 from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
 from gateway.keys import HTTP, SETTINGS
-from gateway.mcp.client import McpError
+from gateway.mcp.errors import McpError
 from gateway.proxy.handler import PROXYING
 from gateway.proxy.replies import failed_result_text, shorten
 from gateway.proxy.requests import UNNAMED_TOOL

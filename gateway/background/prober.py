@@ -19,8 +19,8 @@ from aiohttp import web
 from gateway.db import health_checks as health_checks_db
 from gateway.db import servers as servers_db
 from gateway.keys import HTTP, POOL, SETTINGS
-from gateway.mcp.client import ToolListMemory
 from gateway.mcp.probe import probe
+from gateway.mcp.tool_list_budget import ToolListMemory
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SECRET_BOX, SecretBox

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import collections
 import contextlib
 import errno
 import logging
-import re
 from collections.abc import AsyncIterator, Hashable, Mapping
-from http import HTTPStatus
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 from urllib.parse import urlsplit
@@ -19,7 +15,26 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict
 
+from gateway.mcp.errors import (
+    McpConnectionError,
+    McpError,
+    McpHttpError,
+    McpResponseError,
+    McpRpcError,
+    McpTimeoutError,
+    ToolListTooLarge,
+    UnsupportedTransport,
+)
+from gateway.mcp.headers import header_value, param_header_map, param_headers
 from gateway.mcp.sse import SseError, SseParser
+from gateway.mcp.tool_list_budget import (
+    MAX_TOOL_LIST_BYTES,
+    MAX_TOOLS,
+    MiB,
+    ToolListHold,
+    ToolListMemory,
+    parsed_size,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,212 +76,16 @@ _POST_ACCEPT: Final = "application/json, text/event-stream"
 _MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
 _MAX_ERROR_BODY_BYTES: Final = 64 * 1024
 _MAX_PAGES: Final = 100
-_MiB: Final = 1024 * 1024
-# A tool list, over all its pages: what is read of it at most, and how many tools it may have.
-MAX_TOOL_LIST_BYTES: Final = 8 * _MiB
-MAX_TOOLS: Final = 2000
-# What one tool list may take in memory, raw and parsed (estimated before parsing: parsed JSON
-# takes 4 to 30 times its size), and what a list may take without one of the few permits.
-MAX_TOOL_LIST_MEMORY: Final = 96 * _MiB
-FREE_TOOL_LIST_MEMORY: Final = 1 * _MiB
-TOOL_LIST_PERMITS: Final = 2
 _MAX_IDLE_RESUMES: Final = 2
 _DEFAULT_RETRY_MS: Final = 1000
 _MAX_RETRY_MS: Final = 5000
 _CLOSE_TIMEOUT: Final = 3.0
 _LEGACY_PROBE_TIMEOUT: Final = 5.0
 _LEGACY_PROBE_BYTES: Final = 64 * 1024
-_HEADER_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_HEADER_SAFE: Final = re.compile(r"[\x20-\x7e]*")
-_B64_SENTINEL: Final = re.compile(r"=\?base64\?.*\?=")
-
 ConnectMode = Literal["auto", "legacy"]
 
 
-class McpError(Exception):
-    """Base of every failure talking to an upstream; `str()` is written for a person."""
-
-
-class McpConnectionError(McpError):
-    """The upstream could not be reached or dropped the connection."""
-
-
-class McpTimeoutError(McpError):
-    """The upstream did not answer in time."""
-
-
-class McpHttpError(McpError):
-    """The upstream answered with a non-2xx HTTP status outside JSON-RPC."""
-
-    def __init__(self, status: int, reason: str | None, detail: str | None = None) -> None:
-        self.status = status
-        self.reason = reason or _reason(status)
-        self.detail = detail
-        text = f"HTTP {status} {self.reason}".rstrip()
-        super().__init__(f"{text}: {detail}" if detail else text)
-
-
-class McpRpcError(McpError):
-    """The upstream answered the request with a JSON-RPC error object."""
-
-    def __init__(self, code: int, message: str, data: Any = None, http_status: int = 200) -> None:
-        self.code = code
-        self.message = message
-        self.data = data
-        self.http_status = http_status
-        super().__init__(f"JSON-RPC error {code}: {message}")
-
-
-class McpResponseError(McpError):
-    """The upstream's answer is not a valid MCP response."""
-
-    def __init__(self, problem: str) -> None:
-        super().__init__(f"invalid response: {problem}")
-
-
-class UnsupportedTransport(McpError):
-    """The upstream speaks the legacy HTTP+SSE transport (2024-11-05), which cannot be proxied."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "unsupported transport: the server speaks the legacy HTTP+SSE transport (2024-11-05); "
-            "the gateway needs a streamable HTTP endpoint"
-        )
-
-
-class ToolListTooLarge(McpError):
-    """The upstream's tool list is over a bound: its bytes, its tools, or its parsed size."""
-
-
-class ToolListMemory:
-    """How much of the tool lists it reads one process holds at once.
-
-    Each list has a hold on this (`hold(owner)`), which grows with what the list takes: its raw
-    bytes as they arrive, then an estimate of each page parsed, before it is parsed. A hold up to
-    `free` bytes needs nothing; beyond that it waits for one of `permits` permits, of which
-    one owner (a workspace) holds at most one, so one owner's gigantic lists cannot take them all.
-    No hold may grow past `limit`: that list is refused. So this process holds at most
-    `permits * limit` bytes of large lists, plus `free` bytes for each list being read.
-    """
-
-    def __init__(
-        self,
-        *,
-        permits: int = TOOL_LIST_PERMITS,
-        free: int = FREE_TOOL_LIST_MEMORY,
-        limit: int = MAX_TOOL_LIST_MEMORY,
-    ) -> None:
-        self.permits = permits
-        self.free = free
-        self.limit = limit
-        self._holders: set[Hashable] = set()
-        self._waiting: collections.deque[tuple[Hashable, asyncio.Future[None]]] = (
-            collections.deque()
-        )
-
-    def hold(self, owner: Hashable) -> ToolListHold:
-        """A new, empty hold for one list read for `owner`."""
-        return ToolListHold(self, owner)
-
-    @property
-    def in_use(self) -> int:
-        """Permits held now."""
-        return len(self._holders)
-
-    async def _acquire(self, owner: Hashable) -> None:
-        # Straight in, unless someone who could be let in is waiting already.
-        if self._grantable(owner) and not any(self._grantable(o) for o, _ in self._waiting):
-            self._holders.add(owner)
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiting.append((owner, waiter))
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._release(owner)  # granted just as it was given up: pass it on
-            raise
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiting.remove((owner, waiter))
-
-    def _release(self, owner: Hashable) -> None:
-        self._holders.discard(owner)
-        # First come, first served, passing over owners that hold a permit already.
-        for waiting in list(self._waiting):
-            if len(self._holders) >= self.permits:
-                break
-            waiting_owner, waiter = waiting
-            if waiter.done():
-                self._waiting.remove(waiting)
-            elif waiting_owner not in self._holders:
-                self._holders.add(waiting_owner)
-                waiter.set_result(None)
-                self._waiting.remove(waiting)
-
-    def _grantable(self, owner: Hashable) -> bool:
-        return len(self._holders) < self.permits and owner not in self._holders
-
-
-class ToolListHold:
-    """What one tool list being read takes of a `ToolListMemory`; `release()` when done."""
-
-    def __init__(self, memory: ToolListMemory, owner: Hashable) -> None:
-        self._memory = memory
-        self._owner = owner
-        self.bytes = 0
-        self.permitted = False
-
-    async def grow(self, nbytes: int) -> None:
-        """Take `nbytes` more, waiting for a permit if this crosses the free allowance."""
-        self.bytes += nbytes
-        if self.bytes > self._memory.limit:
-            raise ToolListTooLarge(
-                "the tool list is too large to read: it would take about "
-                f"{-(-self.bytes // _MiB)} MiB of memory once parsed, over the "
-                f"{self._memory.limit // _MiB} MiB the gateway allows one list"
-            )
-        if self.bytes > self._memory.free and not self.permitted:
-            await self._memory._acquire(self._owner)
-            self.permitted = True
-
-    def shrink(self, nbytes: int) -> None:
-        """Give back `nbytes` that are no longer held (e.g. raw bytes once parsed)."""
-        self.bytes = max(0, self.bytes - nbytes)
-
-    def release(self) -> None:
-        """Give everything back (idempotent)."""
-        self.bytes = 0
-        if self.permitted:
-            self.permitted = False
-            self._memory._release(self._owner)
-
-
-def parsed_size(raw: bytes | bytearray | str) -> int:
-    """An upper estimate of the memory `raw` JSON takes, raw and parsed, from cheap counts.
-
-    Measured on CPython 3.11 with orjson: an empty object takes about 72 bytes, any other
-    about 190, an array 64, each member or element 8 for its slot plus up to 24 for a number,
-    and each string about 50 besides its text. Counting is a few passes at memory speed (about
-    10 ms for 8 MiB); typical tool lists come out at about twice their real size, the most
-    compact hostile JSON (millions of tiny objects or unique keys) at about its real size.
-    """
-    if isinstance(raw, str):
-        empty = raw.count("{}")
-        objects = raw.count("{") - empty
-        arrays = raw.count("[")
-        members = raw.count(",") + raw.count(":")
-        strings = raw.count('"') // 2
-    else:
-        empty = raw.count(b"{}")
-        objects = raw.count(b"{") - empty
-        arrays = raw.count(b"[")
-        members = raw.count(b",") + raw.count(b":")
-        strings = raw.count(b'"') // 2
-    return len(raw) + 72 * empty + 190 * objects + 64 * arrays + 32 * members + 50 * strings
-
-
-class _ListReader:
+class ListReader:
     """Reads the pages of one tool list within the list's bounds, its hold growing as it goes."""
 
     def __init__(self, hold: ToolListHold) -> None:
@@ -279,7 +98,7 @@ class _ListReader:
         self.received += nbytes
         if self.received > MAX_TOOL_LIST_BYTES:
             resp.close()
-            raise ToolListTooLarge(f"the tool list exceeds {MAX_TOOL_LIST_BYTES // _MiB} MiB")
+            raise ToolListTooLarge(f"the tool list exceeds {MAX_TOOL_LIST_BYTES // MiB} MiB")
         self._page += nbytes * weight
         await self.hold.grow(nbytes * weight)
 
@@ -287,7 +106,7 @@ class _ListReader:
         announced = resp.content_length
         if announced is not None and self.received + announced > MAX_TOOL_LIST_BYTES:
             resp.close()
-            raise ToolListTooLarge(f"the tool list exceeds {MAX_TOOL_LIST_BYTES // _MiB} MiB")
+            raise ToolListTooLarge(f"the tool list exceeds {MAX_TOOL_LIST_BYTES // MiB} MiB")
         body = bytearray()
         async for chunk in resp.content.iter_any():
             await self.take(resp, len(chunk))
@@ -349,7 +168,7 @@ class McpClient:
         self._capabilities: dict[str, Any] | None = None
         # Each listed tool's inputSchema, and the Mcp-Param-* headers read from it on first use.
         self._schemas: dict[str, Any] = {}
-        self._param_headers: dict[str, dict[tuple[str, ...], str]] = {}
+        self.param_headers: dict[str, dict[tuple[str, ...], str]] = {}
         parts = urlsplit(url)
         # Log and report the host only: a URL's query string may carry a token.
         self._where = parts.netloc.rpartition("@")[2] or "the upstream"
@@ -428,14 +247,14 @@ class McpClient:
         list), else only while listing.
         """
         own = hold is None
-        reader = _ListReader(self._memory.hold(self._owner) if hold is None else hold)
+        reader = ListReader(self._memory.hold(self._owner) if hold is None else hold)
         try:
             return await self._list_tools(reader)
         finally:
             if own:
                 reader.hold.release()
 
-    async def _list_tools(self, reader: _ListReader) -> list[dict[str, Any]]:
+    async def _list_tools(self, reader: ListReader) -> list[dict[str, Any]]:
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         seen: set[str] = set()
@@ -464,7 +283,7 @@ class McpClient:
             for tool in tools
             if isinstance(tool.get("name"), str)
         }
-        self._param_headers = {}
+        self.param_headers = {}
         return tools
 
     async def call_tool(
@@ -542,7 +361,7 @@ class McpClient:
         await self._notify("notifications/initialized")
 
     async def _request(
-        self, method: str, params: dict[str, Any], reader: _ListReader | None = None
+        self, method: str, params: dict[str, Any], reader: ListReader | None = None
     ) -> dict[str, Any]:
         """One request after connecting; a single fresh handshake if the session expired."""
         try:
@@ -560,7 +379,7 @@ class McpClient:
         return result
 
     async def _exchange(
-        self, method: str, params: dict[str, Any], reader: _ListReader | None = None
+        self, method: str, params: dict[str, Any], reader: ListReader | None = None
     ) -> tuple[dict[str, Any], str | None]:
         """POST one request; return its result and the `Mcp-Session-Id` of the response.
 
@@ -610,7 +429,7 @@ class McpClient:
                 raise McpHttpError(resp.status, resp.reason, f"upstream refused {method}")
 
     async def _read_sse(
-        self, resp: aiohttp.ClientResponse, request_id: int, reader: _ListReader | None
+        self, resp: aiohttp.ClientResponse, request_id: int, reader: ListReader | None
     ) -> Any:
         """The answer to `request_id` from an SSE stream; resumes with Last-Event-ID if cut off."""
         parser = SseParser(_MAX_MESSAGE_BYTES)
@@ -715,10 +534,10 @@ class McpClient:
     def _header_map(self, name: str) -> dict[tuple[str, ...], str]:
         # Read from the schema when first needed: walking every schema of a large list at
         # once would hold the event loop for nothing.
-        found = self._param_headers.get(name)
+        found = self.param_headers.get(name)
         if found is None:
-            found = _param_header_map(self._schemas.get(name))
-            self._param_headers[name] = found
+            found = param_header_map(self._schemas.get(name))
+            self.param_headers[name] = found
         return found
 
     def _envelope(self) -> dict[str, Any]:
@@ -747,15 +566,15 @@ class McpClient:
             name_key = _NAME_BEARING.get(method)
             name = params.get(name_key) if name_key else None
             if isinstance(name, str):
-                headers["Mcp-Name"] = _header_value(name)
+                headers["Mcp-Name"] = header_value(name)
             arguments = params.get("arguments")
             if method == "tools/call" and isinstance(name, str) and isinstance(arguments, Mapping):
-                headers.update(_param_headers(self._header_map(name), arguments))
+                headers.update(param_headers(self._header_map(name), arguments))
         return headers
 
 
 async def _scan_sse(
-    resp: aiohttp.ClientResponse, parser: SseParser, request_id: int, reader: _ListReader | None
+    resp: aiohttp.ClientResponse, parser: SseParser, request_id: int, reader: ListReader | None
 ) -> Any:
     """Read events until the one answering `request_id`; None if the stream ends first."""
     async for chunk in resp.content.iter_any():
@@ -850,70 +669,3 @@ def _connection_error(exc: aiohttp.ClientError, where: str) -> McpConnectionErro
     if isinstance(exc, aiohttp.InvalidURL):
         return McpConnectionError("invalid upstream URL")
     return McpConnectionError(f"connection to {where} failed: {type(exc).__name__}")
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return ""
-
-
-def _header_value(value: str) -> str:
-    """Encode a value for an Mcp-Name / Mcp-Param-* header the way the 2026-07-28 spec says."""
-    if (
-        _HEADER_SAFE.fullmatch(value)
-        and value == value.strip()
-        and not _B64_SENTINEL.fullmatch(value)
-    ):
-        return value
-    return f"=?base64?{base64.b64encode(value.encode()).decode('ascii')}?="
-
-
-def _param_header_map(schema: Any) -> dict[tuple[str, ...], str]:
-    """Argument paths whose values a 2026-07-28 `tools/call` mirrors into `Mcp-Param-*` headers.
-
-    Only `properties` chains are followed; a schema with any invalid annotation yields no
-    headers, since the spec tells servers not to validate those either.
-    """
-    found: dict[tuple[str, ...], str] = {}
-    seen: set[str] = set()
-    stack: list[tuple[tuple[str, ...], Any]] = [((), schema)]
-    while stack:
-        path, node = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        token = node.get("x-mcp-header")
-        if token is not None:
-            if (
-                not path
-                or not isinstance(token, str)
-                or not _HEADER_TOKEN.fullmatch(token)
-                or node.get("type") not in ("string", "integer", "boolean")
-                or token.lower() in seen
-            ):
-                return {}
-            seen.add(token.lower())
-            found[path] = token
-        properties = node.get("properties")
-        if isinstance(properties, dict):
-            stack.extend(((*path, key), sub) for key, sub in properties.items())
-    return found
-
-
-def _param_headers(
-    header_map: Mapping[tuple[str, ...], str], arguments: Mapping[str, Any]
-) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for path, token in header_map.items():
-        value: Any = arguments
-        for key in path:
-            value = value.get(key) if isinstance(value, Mapping) else None
-        if isinstance(value, bool):
-            rendered = "true" if value else "false"
-        elif isinstance(value, str | int | float):
-            rendered = str(value)
-        else:
-            continue
-        headers[f"Mcp-Param-{token}"] = _header_value(rendered)
-    return headers

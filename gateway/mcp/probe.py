@@ -14,7 +14,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from gateway.mcp.client import McpClient, McpError, McpRpcError, ToolListMemory, ToolListTooLarge
+from gateway.mcp.client import McpClient
+from gateway.mcp.errors import McpError, McpRpcError, ToolListTooLarge
+from gateway.mcp.tool_list_budget import ToolListMemory
 
 log = logging.getLogger(__name__)
 

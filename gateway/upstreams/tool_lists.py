@@ -41,15 +41,9 @@ from gateway.caching.listener import CHANNEL
 from gateway.caching.shared import SHARED_CACHE, is_shared
 from gateway.errors import BadGateway, GatewayTimeout, ServiceUnavailable
 from gateway.keys import HTTP, POOL, SETTINGS
-from gateway.mcp.client import (
-    McpClient,
-    McpError,
-    McpTimeoutError,
-    ToolListHold,
-    ToolListMemory,
-    ToolListTooLarge,
-    parsed_size,
-)
+from gateway.mcp.client import McpClient
+from gateway.mcp.errors import McpError, McpTimeoutError, ToolListTooLarge
+from gateway.mcp.tool_list_budget import ToolListHold, ToolListMemory, parsed_size
 from gateway.upstreams.servers import Upstream
 
 log = logging.getLogger(__name__)

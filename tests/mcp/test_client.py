@@ -13,18 +13,17 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.mcp.client import (
-    ConnectMode,
-    McpClient,
+from gateway.mcp.client import ConnectMode, McpClient
+from gateway.mcp.errors import (
     McpConnectionError,
     McpHttpError,
     McpResponseError,
     McpRpcError,
     McpTimeoutError,
-    ToolListMemory,
     ToolListTooLarge,
     UnsupportedTransport,
 )
+from gateway.mcp.tool_list_budget import ToolListMemory
 from tests.hostile import MiB, hostile_lister
 from tests.upstreams import SDK_TOOL_NAMES, fake_upstream, unused_url
 

@@ -7,8 +7,9 @@ import dataclasses
 import aiohttp
 import pytest
 
-from gateway.mcp.client import McpClient, ToolListMemory
+from gateway.mcp.client import McpClient
 from gateway.mcp.probe import ProbeResult, probe, tools_hash
+from gateway.mcp.tool_list_budget import ToolListMemory
 from tests.hostile import MiB, hostile_lister
 from tests.upstreams import SDK_TOOL_NAMES, default_tools, fake_upstream, unused_url
 
