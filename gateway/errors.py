@@ -9,6 +9,7 @@ import asyncpg
 import orjson
 from aiohttp import web
 
+from gateway.db.unavailable import DATABASE_DOWN
 from gateway.proxy import cors
 
 log = logging.getLogger(__name__)
@@ -125,27 +126,6 @@ def json_error(status: int, detail: str, headers: dict[str, str] | None = None) 
         headers=headers,
     )
 
-
-# What asyncpg raises while PostgreSQL restarts or is unreachable.
-# What asyncpg raises while PostgreSQL restarts, fails over or is unreachable. The call log
-# retries on these too.
-DATABASE_DOWN: tuple[type[BaseException], ...] = (
-    # OSError, not only ConnectionError: connecting to a unix socket (the embedded PostgreSQL)
-    # while the server restarts raises FileNotFoundError.
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    # A pooled connection that died mid-query and is used again ("another operation is in
-    # progress").
-    asyncpg.exceptions.InternalClientError,
-    asyncpg.exceptions.OperatorInterventionError,
-    # 53xxx, e.g. too many connections while every client reconnects after a restart.
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.exceptions.ReadOnlySQLTransactionError,  # failover in progress
-    # A statement over GATEWAY_DB_STATEMENT_TIMEOUT_SECONDS (the client's bound raises
-    # TimeoutError, an OSError, above).
-    asyncpg.exceptions.QueryCanceledError,
-)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

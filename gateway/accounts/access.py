@@ -43,6 +43,9 @@ class Access:
     # Check the role in the workspace named by the {workspace_id} path parameter instead of
     # the workspace the token is scoped to.
     path_workspace: bool = False
+    # What an API key does here: reads, or uses the workspace's servers (the proxy, ingestion).
+    # Access alike today; named apart so that a key's rights can tell them apart.
+    key_right: str = ""
 
 
 # Anyone; credentials, if sent, are ignored (the OpenAPI document and the docs page).
@@ -51,9 +54,9 @@ PUBLIC = Access(authenticated=False, api_key=True)
 # cannot manage accounts (SPEC: Authentication, rule 3).
 SIGN_IN = Access(authenticated=False)
 USER = Access()
-READ = Access(min_role=Role.MEMBER, api_key=True)
+READ = Access(min_role=Role.MEMBER, api_key=True, key_right="read")
 # The proxy and tool-call ingestion: what an API key may do beyond reading.
-USE = Access(min_role=Role.MEMBER, api_key=True)
+USE = Access(min_role=Role.MEMBER, api_key=True, key_right="use")
 ADMIN = Access(min_role=Role.ADMIN)
 WS_MEMBER = Access(min_role=Role.MEMBER, path_workspace=True)
 WS_ADMIN = Access(min_role=Role.ADMIN, path_workspace=True)

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from aiohttp import web
 from pydantic import Field
 
 from gateway.accounts.access import PRINCIPAL, READ
-from gateway.api.models import Out, Page, Query
+from gateway.api.models import CheckStatus, Out, Page, Query
 from gateway.api.routing import Routes
 from gateway.db import health_checks as health_checks_db
 from gateway.keys import POOL
 
 routes = Routes("health")
-
-CheckStatus = Literal["healthy", "degraded", "down"]
 
 
 class HealthCheckOut(Out):

@@ -252,6 +252,9 @@ Name = Annotated[
 Password = Annotated[str, StringConstraints(min_length=8, max_length=1024)]
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{1,62}$")]
 RoleName = Literal["owner", "admin", "member"]
+# A probe's status (gateway.mcp.probe), and a server's: its latest probe's, `unknown` before one.
+CheckStatus = Literal["healthy", "degraded", "down"]
+ServerStatus = Literal[CheckStatus, "unknown"]
 InviteRole = Literal["admin", "member"]
 
 

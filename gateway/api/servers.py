@@ -24,6 +24,7 @@ from gateway.api.models import (
     Offset,
     Out,
     Query,
+    ServerStatus,
     any_case,
     refuse_literal_destination,
 )
@@ -45,7 +46,6 @@ from gateway.upstreams.servers import UPSTREAMS
 routes = Routes("servers")
 
 AuthType = Literal["bearer", "api_key", "basic"]
-ServerStatus = Literal["unknown", "healthy", "degraded", "down"]
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")

@@ -19,6 +19,7 @@ from gateway.background import notifier
 from gateway.db import alert_evaluation as evaluation_db
 from gateway.db import alert_metrics
 from gateway.db.alert_evaluation import DueRule, Target
+from gateway.db.unavailable import DATABASE_ERRORS
 from gateway.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ async def run_alert_evaluator(
     while True:
         try:
             await evaluate_due_rules(pool, interval_seconds, wakeup, metrics)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DATABASE_ERRORS as exc:
             log.warning("alert evaluation: database unavailable, will retry: %s", exc)
         except Exception:
             log.exception("alert evaluation round failed")

@@ -10,6 +10,7 @@ import asyncpg
 
 from gateway.accounts.access import Authenticator
 from gateway.db import api_keys as api_keys_db
+from gateway.db.unavailable import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ async def flush_key_usage(pool: asyncpg.Pool, authenticator: Authenticator) -> N
         return
     try:
         await api_keys_db.touch(pool, usage)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except DATABASE_ERRORS as exc:
         log.warning("could not record API key usage, will retry: %s", exc)
         _merge_back(authenticator, usage)
 

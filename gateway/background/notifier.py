@@ -34,6 +34,7 @@ from gateway.config import Settings
 from gateway.db import alert_deliveries as deliveries_db
 from gateway.db.alert_deliveries import Attempt, DueDelivery, Shares
 from gateway.db.alert_evaluation import DueRule, Notification
+from gateway.db.unavailable import DATABASE_ERRORS
 from gateway.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -361,7 +362,7 @@ async def run_notifier(
                     seconds = await deliveries_db.seconds_to_next(pool)
                     if seconds is not None:
                         delay = min(max(seconds, MIN_SLEEP_SECONDS), POLL_SECONDS)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DATABASE_ERRORS as exc:
                 log.warning("alert notifier: database unavailable, will retry: %s", exc)
             except Exception:
                 log.exception("alert notifier round failed")

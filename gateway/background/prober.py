@@ -18,6 +18,7 @@ from aiohttp import web
 
 from gateway.db import health_checks as health_checks_db
 from gateway.db import servers as servers_db
+from gateway.db.unavailable import DATABASE_ERRORS
 from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.probe import probe
 from gateway.mcp.tool_list_budget import ToolListMemory
@@ -27,9 +28,6 @@ from gateway.security.secretbox import SECRET_BOX, SecretBox
 from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY
 
 log = logging.getLogger(__name__)
-
-# What a lost database connection looks like; the loop waits and tries again.
-_DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +122,7 @@ class Prober:
                         claimed = await self._claim(slots)
                         if claimed:
                             log.debug("claimed %d servers to probe", claimed)
-                    except _DATABASE_ERRORS as exc:
+                    except DATABASE_ERRORS as exc:
                         log.warning("prober cannot reach the database: %s", exc)
                     except Exception:
                         log.exception("claiming servers to probe failed")
@@ -162,7 +160,7 @@ class Prober:
             await self.probe_and_record(
                 row.id, row.workspace_id, row.url, upstream_auth_headers(row.auth_type, credentials)
             )
-        except _DATABASE_ERRORS as exc:
+        except DATABASE_ERRORS as exc:
             log.warning(
                 "could not store the probe of server %s: %s",
                 row.id,

@@ -21,6 +21,7 @@ from gateway.db import partitions
 from gateway.db import rate_limits as rate_limits_db
 from gateway.db import rollups as rollups_db
 from gateway.db.rollups import floor_hour
+from gateway.db.unavailable import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,6 @@ PAUSE_SECONDS = 0.1
 EVERY_SECONDS = 3600.0
 # The longest window of the analytics endpoints: rollups are never pruned inside it.
 ANALYTICS_DAYS = 30
-
-_UNREACHABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
 
 async def _in_batches(delete: Callable[[], Awaitable[int]], batch_size: int, pause: float) -> int:
@@ -142,7 +141,7 @@ async def run_once(
     async def step(name: str, work: Awaitable[None]) -> None:
         try:
             await work
-        except _UNREACHABLE as exc:
+        except DATABASE_ERRORS as exc:
             done.failed.append(name)
             log.warning("retention of %s failed: %s: %s", name, type(exc).__name__, exc)
         except Exception:

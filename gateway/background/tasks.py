@@ -10,7 +10,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def _report_death(task: asyncio.Task[None]) -> None:
+def report_death(task: asyncio.Task[None]) -> None:
     if task.cancelled():
         return
     exc = task.exception()
@@ -28,7 +28,7 @@ class BackgroundTasks:
 
     def start(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=name)
-        task.add_done_callback(_report_death)
+        task.add_done_callback(report_death)
         self._tasks.append(task)
 
     async def stop(self) -> None:

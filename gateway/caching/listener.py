@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 
 from gateway.caching.caches import Caches
+from gateway.db.unavailable import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ async def listen_for_invalidations(dsn: str, caches: Caches) -> None:
     while True:
         try:
             conn = await asyncpg.connect(dsn)
-        except (OSError, asyncpg.PostgresError) as exc:
+        except DATABASE_ERRORS as exc:
             log.warning("cache listener cannot connect (%s); retrying in %.1f s", exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
@@ -29,7 +30,7 @@ async def listen_for_invalidations(dsn: str, caches: Caches) -> None:
         backoff = 0.5
         try:
             await _listen(conn, caches)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except DATABASE_ERRORS as exc:
             log.warning("cache listener lost its connection: %s", exc)
         finally:
             caches.set_listening(False)

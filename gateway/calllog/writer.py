@@ -33,9 +33,11 @@ from dataclasses import dataclass
 import asyncpg
 from aiohttp import web
 
+from gateway.background.tasks import report_death
 from gateway.calllog.records import WORKSPACE_OF, ToolCall
 from gateway.db import tool_calls as tool_calls_db
-from gateway.errors import DATABASE_DOWN, ServiceUnavailable, ValidationFailed
+from gateway.db.unavailable import DATABASE_DOWN
+from gateway.errors import ServiceUnavailable, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +68,6 @@ class CallLogStats:
     rejected: int = 0
     batches: int = 0
     failures: int = 0
-
-
-def _report_death(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.critical("the call log writer died", exc_info=task.exception())
 
 
 # The rows of one write() as [start, end) in its batch, and the future its caller awaits.
@@ -136,11 +133,10 @@ class _Retry:
 _FIRST_BACKOFF = 0.05
 
 # The database is out of reach: every batch would fail, so all writing pauses for the backoff.
-_DATABASE_DOWN: tuple[type[BaseException], ...] = (*DATABASE_DOWN, TimeoutError)
 # Failures of the moment, not of the rows: the same batch is tried again after a backoff.
 # Anything else is taken to be about the rows, and the batch is written in parts.
 _TRANSIENT: tuple[type[BaseException], ...] = (
-    *_DATABASE_DOWN,
+    *DATABASE_DOWN,
     asyncpg.exceptions.TransactionRollbackError,  # deadlock, serialization
     asyncpg.exceptions.LockNotAvailableError,
     asyncpg.exceptions.QueryCanceledError,  # statement timeout, or cancelled by an operator
@@ -373,7 +369,7 @@ class CallLog:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="call-log-writer")
-        self._task.add_done_callback(_report_death)
+        self._task.add_done_callback(report_death)
 
     async def close(self, drain_seconds: float = 20.0) -> None:
         """Write everything queued (retrying while the database is down, for up to
@@ -472,7 +468,7 @@ class CallLog:
         except _Unfinished as exc:
             self._held -= len(batch) - len(exc.batch)
             delay = self._failed(
-                exc.batch, exc.waiters, backoff, pause_all=isinstance(exc.cause, _DATABASE_DOWN)
+                exc.batch, exc.waiters, backoff, pause_all=isinstance(exc.cause, DATABASE_DOWN)
             )
             log.warning(
                 "cannot write %d tool calls (%s: %s); retrying in %.2f s",
@@ -482,7 +478,7 @@ class CallLog:
                 delay,
             )
         except _TRANSIENT as exc:
-            delay = self._failed(batch, waiters, backoff, pause_all=isinstance(exc, _DATABASE_DOWN))
+            delay = self._failed(batch, waiters, backoff, pause_all=isinstance(exc, DATABASE_DOWN))
             log.warning(
                 "cannot write %d tool calls (%s: %s); retrying in %.2f s",
                 len(batch),

@@ -4,13 +4,14 @@ open alerts."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
 from aiohttp import web
 
 from gateway.api import health as health_api
 from gateway.api import servers as servers_api
 from gateway.api.health import SummaryQuery
+from gateway.api.models import ServerStatus
 from gateway.api.servers import ServerQuery
 from gateway.dashboard import charts
 from gateway.dashboard.pages import Pages, call
@@ -43,7 +44,7 @@ async def overview(request: web.Request) -> dict[str, Any]:
     incidents = await alerts_db.open_incidents(request.app[POOL], workspace_id)
     calls = sum(h["call_count"] for h in hourly)
     errors = sum(round(h["error_rate"] * h["call_count"]) for h in hourly)
-    counts = {status: 0 for status in ("healthy", "degraded", "down", "unknown")}
+    counts = dict.fromkeys(get_args(ServerStatus), 0)
     for server in servers:
         counts[server["status"]] += 1
         server["uptime"] = uptime.get(server["id"], {}).get("uptime_percent")

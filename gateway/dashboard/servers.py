@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 from aiohttp import web
@@ -14,6 +14,7 @@ from gateway.api import health as health_api
 from gateway.api import servers as servers_api
 from gateway.api import tools as tools_api
 from gateway.api.health import ChecksQuery
+from gateway.api.models import ServerStatus
 from gateway.api.servers import ServerIn, ServerPatch, ServerQuery
 from gateway.api.tools import InvokeIn
 from gateway.dashboard.pages import (
@@ -39,7 +40,7 @@ _CREDENTIAL_FIELDS = {
     "api_key": ("header_name", "header_value"),
     "basic": ("username", "password"),
 }
-STATUSES = ("healthy", "degraded", "down", "unknown")
+STATUSES = get_args(ServerStatus)
 
 
 @pages.get("/servers", "servers.html")

@@ -13,6 +13,8 @@ import time
 import asyncpg
 from limits.aio.storage import MovingWindowSupport
 
+from gateway.db.unavailable import DATABASE_ERRORS
+
 # The two-key advisory lock space (separate from the one-key space of migrations and
 # partitions): this constant, and the key's hash.
 _LOCK_CLASS = 0x726C
@@ -60,7 +62,7 @@ class PostgresMovingWindow(MovingWindowSupport):
 
     # What limits' wrapper of these methods looks for; raised as they are (the error
     # middleware makes a database that is away a 503).
-    base_exceptions = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+    base_exceptions = DATABASE_ERRORS
     wrap_exceptions = False
 
     def __init__(self, pool: asyncpg.Pool) -> None:

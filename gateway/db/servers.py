@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.db.bounds import make_room
-from gateway.db.types import Connection, Executor
+from gateway.db.types import Connection, Executor, like_pattern
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +153,6 @@ WHERE s.id = u.id AND s.credentials = u.sealed
 """
 
 
-def _like_pattern(text: str) -> str:
-    """A case-insensitive substring pattern in which % and _ match only themselves."""
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
 async def upstream(db: Executor, server_id: uuid.UUID) -> UpstreamRow | None:
     row = await db.fetchrow(_UPSTREAM, server_id)
     return None if row is None else UpstreamRow(**dict(row))
@@ -207,7 +201,7 @@ async def list_servers(
     for fragment, value in (
         (_LIST_STATUS, status),
         (_LIST_TAG, tag),
-        (_LIST_SEARCH, None if search is None else _like_pattern(search)),
+        (_LIST_SEARCH, None if search is None else like_pattern(search)),
     ):
         if value is not None:
             args.append(value)

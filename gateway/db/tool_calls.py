@@ -12,7 +12,7 @@ import asyncpg
 
 from gateway.db import partitions, rollups
 from gateway.db.rollups import ceil_hour, floor_hour
-from gateway.db.types import BIGINT_MAX, Connection, Executor
+from gateway.db.types import BIGINT_MAX, Connection, Executor, like_pattern
 
 # The order of a ToolCall record (gateway.calllog.writer) and of the COPY.
 COLUMNS = (
@@ -134,11 +134,6 @@ class _Sql:
         return f"${len(self.args)}"
 
 
-def _like_pattern(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
 def _raw_conditions(sql: _Sql, workspace: str, filters: Filters, tools: str | None) -> list[str]:
     conditions = [f"workspace_id = {workspace}"]
     if filters.server_id is not None:
@@ -157,7 +152,7 @@ async def _matching_tools(
 ) -> list[str]:
     """The workspace's tool names containing `substring` (any case) in the filters' hours."""
     sql = _Sql()
-    sql.args = [workspace_id, _like_pattern(substring)]
+    sql.args = [workspace_id, like_pattern(substring)]
     hours = ""
     if filters.start is not None:
         hours += f" AND hour >= {sql.param(floor_hour(filters.start))}"

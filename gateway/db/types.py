@@ -1,4 +1,4 @@
-"""Typing helpers shared by the SQL modules."""
+"""Types and small helpers shared by the SQL modules."""
 
 from __future__ import annotations
 
@@ -14,3 +14,10 @@ Executor: TypeAlias = asyncpg.Pool | Connection
 
 # PostgreSQL's bigint: larger numbers cannot even be sent to it.
 BIGINT_MAX = 2**63 - 1
+
+
+def like_pattern(text: str) -> str:
+    """A case-insensitive substring pattern (for ILIKE) in which % and _ match only
+    themselves."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"

@@ -24,8 +24,9 @@ from gateway.mcp.errors import (
     McpTimeoutError,
     ToolListTooLarge,
     UnsupportedTransport,
+    host_of,
 )
-from gateway.mcp.headers import header_value, param_header_map, param_headers
+from gateway.mcp.headers import MANAGED_HEADERS, header_value, param_header_map, param_headers
 from gateway.mcp.sse import SseError, SseParser
 from gateway.mcp.tool_list_budget import (
     MAX_TOOL_LIST_BYTES,
@@ -57,21 +58,6 @@ _NAME_BEARING: Final[Mapping[str, str]] = {
     "prompts/get": "name",
     "resources/read": "uri",
 }
-# Headers this client owns; a caller's copy would contradict the negotiated state.
-_MANAGED_HEADERS: Final = frozenset(
-    {
-        "accept",
-        "accept-encoding",
-        "content-type",
-        "content-length",
-        "host",
-        "last-event-id",
-        "mcp-method",
-        "mcp-name",
-        "mcp-protocol-version",
-        "mcp-session-id",
-    }
-)
 _POST_ACCEPT: Final = "application/json, text/event-stream"
 _MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
 _MAX_ERROR_BODY_BYTES: Final = 64 * 1024
@@ -156,7 +142,7 @@ class McpClient:
         self._owner = owner
         self._url = url
         self._headers: CIMultiDict[str] = CIMultiDict(
-            (name, value) for name, value in headers.items() if name.lower() not in _MANAGED_HEADERS
+            (name, value) for name, value in headers.items() if name.lower() not in MANAGED_HEADERS
         )
         self._timeout = timeout
         self._mode = mode
@@ -169,9 +155,7 @@ class McpClient:
         # Each listed tool's inputSchema, and the Mcp-Param-* headers read from it on first use.
         self._schemas: dict[str, Any] = {}
         self.param_headers: dict[str, dict[tuple[str, ...], str]] = {}
-        parts = urlsplit(url)
-        # Log and report the host only: a URL's query string may carry a token.
-        self._where = parts.netloc.rpartition("@")[2] or "the upstream"
+        self._where = host_of(url)
 
     async def __aenter__(self) -> Self:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import urlsplit
 
 
 class McpError(Exception):
@@ -67,3 +68,9 @@ def reason_phrase(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return ""
+
+
+def host_of(url: str) -> str:
+    """The host (and port) of an upstream URL, as errors and the log may name it: without user
+    info, path or query, any of which may carry a token."""
+    return urlsplit(url).netloc.rpartition("@")[2] or "the upstream"

@@ -71,3 +71,21 @@ def param_headers(
             continue
         headers[f"Mcp-Param-{token}"] = header_value(rendered)
     return headers
+
+
+# Headers the client sets itself (lower case): a caller's or a stored credential's copy would
+# contradict the negotiated state or how the request is framed.
+MANAGED_HEADERS: Final = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "content-type",
+        "content-length",
+        "host",
+        "last-event-id",
+        "mcp-method",
+        "mcp-name",
+        "mcp-protocol-version",
+        "mcp-session-id",
+    }
+)

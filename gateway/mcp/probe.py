@@ -9,13 +9,12 @@ import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
 from gateway.mcp.client import McpClient
-from gateway.mcp.errors import McpError, McpRpcError, ToolListTooLarge
+from gateway.mcp.errors import McpError, McpRpcError, ToolListTooLarge, host_of
 from gateway.mcp.tool_list_budget import ToolListMemory
 
 log = logging.getLogger(__name__)
@@ -82,7 +81,7 @@ async def probe(
             result = ProbeResult(DOWN, elapsed_ms(), f"timed out after {timeout:g} s", None, None)
         except Exception as exc:
             # A bug of ours, not the upstream's; record it rather than lose the check.
-            log.exception("probe of %s crashed", _host(url))
+            log.exception("probe of %s crashed", host_of(url))
             result = ProbeResult(
                 DOWN, elapsed_ms(), f"probe failed: {type(exc).__name__}", None, None
             )
@@ -98,17 +97,13 @@ async def probe(
         await client.close()
     log.debug(
         "probe %s: %s in %.0f ms",
-        _host(url),
+        host_of(url),
         result.status,
         result.latency_ms,
         extra={
-            "upstream": _host(url),
+            "upstream": host_of(url),
             "probe_status": result.status,
             "latency_ms": result.latency_ms,
         },
     )
     return result
-
-
-def _host(url: str) -> str:
-    return urlsplit(url).netloc.rpartition("@")[2] or "the upstream"

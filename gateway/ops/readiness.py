@@ -14,11 +14,11 @@ import asyncio
 import re
 from typing import Any
 
-import asyncpg
 from aiohttp import web
 
 from gateway.calllog.writer import CALL_LOG
 from gateway.db.schema import current_version, migrations, schema_sql
+from gateway.db.unavailable import DATABASE_ERRORS
 from gateway.keys import POOL, SETTINGS
 
 # How long the database may take to answer a readiness check.
@@ -80,7 +80,7 @@ async def readyz(request: web.Request) -> web.Response:
         version = await request.app[DATABASE_CHECK].version()
     except TimeoutError:
         problems.append(f"database: no answer within {DATABASE_BOUND_SECONDS:g} s")
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except DATABASE_ERRORS as exc:
         problems.append(f"database: unreachable ({type(exc).__name__})")
     else:
         if version != EXPECTED_SCHEMA_VERSION:

@@ -7,6 +7,8 @@ import base64
 import logging
 from typing import Any
 
+from gateway.mcp.headers import MANAGED_HEADERS
+
 log = logging.getLogger(__name__)
 
 # auth_type -> the fields its credentials object must have.
@@ -41,14 +43,13 @@ REFUSED_HEADER_NAMES = frozenset(
         "origin",
         "cookie",
         "set-cookie",
-        # set by the gateway's MCP client and the proxy
-        "accept",
-        "accept-encoding",
-        "last-event-id",
+        # the trace context, set by the proxy and the gateway's spans
         "traceparent",
         "tracestate",
         "baggage",
     }
+    # and what the gateway's MCP client sets itself (Accept, Host, the MCP headers, ...)
+    | MANAGED_HEADERS
 )
 # ... and every name that starts with one of these: Content-Length/-Type/-Encoding/...,
 # Proxy-Authorization/-Authenticate/-Connection, X-Forwarded-For/-Host/-Proto/..., and the MCP

@@ -190,7 +190,7 @@ async def test_rollups_and_alert_events_go_in_batches(api: Api, db: asyncpg.Conn
     settings = api.app[SETTINGS].replace(rollup_retention_days=42, alert_retention_days=10)
     cutoff = rollup_cutoff(settings, now)
     assert cutoff == floor_hour(now - timedelta(days=42))
-    before = {t: await db.fetch(f"SELECT * FROM {t} ORDER BY 1, 2, 3") for t in TABLES}
+    before = {t: await db.fetch(f"SELECT * FROM {t} ORDER BY 1, 2, 3, hour") for t in TABLES}
 
     rule_id = await db.fetchval(
         "INSERT INTO alert_rules (workspace_id, name, metric, operator, threshold, "
@@ -233,7 +233,7 @@ async def test_rollups_and_alert_events_go_in_batches(api: Api, db: asyncpg.Conn
     pruned = await prune_rollups(pool, settings, now, batch_size=4, pause=0)
     assert pruned == sum(1 for rows in before.values() for r in rows if r["hour"] < cutoff)
     for table in TABLES:
-        after = await db.fetch(f"SELECT * FROM {table} ORDER BY 1, 2, 3")
+        after = await db.fetch(f"SELECT * FROM {table} ORDER BY 1, 2, 3, hour")
         assert after == [r for r in before[table] if r["hour"] >= cutoff], table
     assert await prune_alert_events(pool, settings, now, batch_size=3, pause=0) == len(old)
     assert sorted(r["id"] for r in await db.fetch("SELECT id FROM alert_events")) == sorted(kept)
