@@ -28,14 +28,11 @@ from gateway.api import tools as tools_api
 from gateway.api import workspaces as workspaces_api
 from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.api.routing import ENDPOINTS, mount
-from gateway.background.alert_evaluator import run_alert_evaluator
-from gateway.background.api_key_usage import record_key_usage
-from gateway.background.notifier import DeliveryPolicy, run_notifier
-from gateway.background.prober import Prober
-from gateway.background.retention import run_retention
-from gateway.background.tasks import BackgroundTasks
+from gateway.background import alert_evaluator, api_key_usage, notifier, prober, retention
+from gateway.background.notifier import ALERTS_QUEUED
+from gateway.background.tasks import BackgroundTasks, Loop
+from gateway.caching import listener as cache_listener
 from gateway.caching.caches import CACHES, Caches
-from gateway.caching.listener import listen_for_invalidations
 from gateway.caching.shared import SHARED_CACHE, create_shared_cache
 from gateway.calllog.writer import CALL_LOG, CallLog
 from gateway.config import Settings
@@ -56,6 +53,14 @@ from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS, ToolLists
 log = logging.getLogger(__name__)
 
 _LISTENER_WAIT_SECONDS = 5.0
+
+# The loops that only processes with GATEWAY_RUN_WORKERS run (tests drive them by hand).
+WORKER_LOOPS: tuple[tuple[str, Loop], ...] = (
+    ("prober", prober.run),
+    ("retention", retention.run),
+    ("alert-evaluator", alert_evaluator.run),
+    ("alert-notifier", notifier.run),
+)
 
 API_MODULES = (
     openapi.routes,
@@ -158,25 +163,16 @@ async def _schema_checker(app: web.Application) -> AsyncIterator[None]:
 
 async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     # Started last and stopped first, so they never outlive the pool or the HTTP client.
-    settings = app[SETTINGS]
-    assert settings.database_url is not None
-    tasks = BackgroundTasks()
-    tasks.start("cache-listener", listen_for_invalidations(settings.database_url, app[CACHES]))
+    tasks = BackgroundTasks(app)
+    tasks.start("cache-listener", cache_listener.run)
     # Until the listener is in, nothing is cached: wait for it briefly (a database that is
     # not there is not waited for; the listener keeps trying).
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(app[CACHES].listening.wait(), _LISTENER_WAIT_SECONDS)
-    tasks.start("api-key-usage", record_key_usage(app[POOL], app[AUTHENTICATOR]))
-    if settings.run_workers:
-        tasks.start("prober", Prober.from_app(app).run_forever())
-        tasks.start("retention", run_retention(app[POOL], settings))
-        # The evaluator only queues notifications and wakes the notifier; it never waits on one.
-        notify = asyncio.Event()
-        interval = settings.alert_eval_interval_seconds
-        metrics = app[METRICS]
-        tasks.start("alert-evaluator", run_alert_evaluator(app[POOL], interval, notify, metrics))
-        policy = DeliveryPolicy.from_settings(settings)
-        tasks.start("alert-notifier", run_notifier(app[POOL], app[HTTP], policy, notify, metrics))
+    tasks.start("api-key-usage", api_key_usage.run)
+    if app[SETTINGS].run_workers:
+        for name, loop in WORKER_LOOPS:
+            tasks.start(name, loop)
     yield
     await tasks.stop()
     await app[MAILER].close()
@@ -191,6 +187,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = Metrics(per_server=settings.metrics_per_server)
     app[CACHES] = Caches()
+    app[ALERTS_QUEUED] = asyncio.Event()
     app[TOOL_LIST_MEMORY] = ToolListMemory()
     app[SECRET_BOX] = SecretBox(settings.secret_keys)
     app[MAILER] = Mailer(settings.smtp_url)

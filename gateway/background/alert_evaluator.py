@@ -14,13 +14,16 @@ import logging
 import math
 
 import asyncpg
+from aiohttp import web
 
 from gateway.background import notifier
+from gateway.background.notifier import ALERTS_QUEUED
 from gateway.db import alert_evaluation as evaluation_db
 from gateway.db import alert_metrics
 from gateway.db.alert_evaluation import DueRule, Target
 from gateway.db.unavailable import DATABASE_ERRORS
-from gateway.ops.metrics import Metrics
+from gateway.keys import POOL, SETTINGS
+from gateway.ops.metrics import METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +158,12 @@ async def run_alert_evaluator(
         except Exception:
             log.exception("alert evaluation round failed")
         await asyncio.sleep(interval_seconds / 4)
+
+
+async def run(app: web.Application) -> None:
+    """The loop as the app starts it: it only queues notifications and wakes the notifier
+    (ALERTS_QUEUED), never waiting on one."""
+    settings = app[SETTINGS]
+    await run_alert_evaluator(
+        app[POOL], settings.alert_eval_interval_seconds, app[ALERTS_QUEUED], app[METRICS]
+    )

@@ -7,10 +7,12 @@ import logging
 import uuid
 
 import asyncpg
+from aiohttp import web
 
-from gateway.accounts.access import Authenticator
+from gateway.accounts.access import AUTHENTICATOR, Authenticator
 from gateway.db import api_keys as api_keys_db
 from gateway.db.unavailable import DATABASE_ERRORS
+from gateway.keys import POOL
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +43,8 @@ async def record_key_usage(pool: asyncpg.Pool, authenticator: Authenticator) -> 
             await flush_key_usage(pool, authenticator)
     finally:
         await flush_key_usage(pool, authenticator)
+
+
+async def run(app: web.Application) -> None:
+    """The loop as the app starts it."""
+    await record_key_usage(app[POOL], app[AUTHENTICATOR])

@@ -29,13 +29,15 @@ from typing import Any, TypeVar
 import aiohttp
 import asyncpg
 import orjson
+from aiohttp import web
 
 from gateway.config import Settings
 from gateway.db import alert_deliveries as deliveries_db
 from gateway.db.alert_deliveries import Attempt, DueDelivery, Shares
 from gateway.db.alert_evaluation import DueRule, Notification
 from gateway.db.unavailable import DATABASE_ERRORS
-from gateway.ops.metrics import Metrics
+from gateway.keys import HTTP, POOL, SETTINGS
+from gateway.ops.metrics import METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -376,3 +378,13 @@ async def run_notifier(
         with contextlib.suppress(asyncio.CancelledError):
             await woken
         await sends.cancel()
+
+
+# Set by the alert evaluator when it queued notifications: the notifier looks at once.
+ALERTS_QUEUED = web.AppKey("alerts_queued", asyncio.Event)
+
+
+async def run(app: web.Application) -> None:
+    """The loop as the app starts it."""
+    policy = DeliveryPolicy.from_settings(app[SETTINGS])
+    await run_notifier(app[POOL], app[HTTP], policy, app[ALERTS_QUEUED], app[METRICS])

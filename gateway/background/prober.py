@@ -208,3 +208,8 @@ class _Slots:
         await asyncio.gather(*self.running, return_exceptions=True)
         self.running.clear()
         self.by_workspace.clear()
+
+
+async def run(app: web.Application) -> None:
+    """The loop as the app starts it."""
+    await Prober.from_app(app).run_forever()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+from aiohttp import web
 
 from gateway.config import Settings
 from gateway.db import alerts as alerts_db
@@ -22,6 +23,7 @@ from gateway.db import rate_limits as rate_limits_db
 from gateway.db import rollups as rollups_db
 from gateway.db.rollups import floor_hour
 from gateway.db.unavailable import DATABASE_ERRORS
+from gateway.keys import POOL, SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -194,3 +196,8 @@ async def run_retention(pool: asyncpg.Pool, settings: Settings) -> None:
                 done.health_checks,
             )
         await asyncio.sleep(EVERY_SECONDS)
+
+
+async def run(app: web.Application) -> None:
+    """The loop as the app starts it."""
+    await run_retention(app[POOL], app[SETTINGS])

@@ -1,11 +1,14 @@
-"""Starting and stopping named background tasks; a task that dies is logged loudly."""
+"""Starting and stopping the background loops: every loop is `async def run(app)` in its own
+module, started under a name and cancelled on shutdown; a loop that dies is logged loudly."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
+
+from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -20,14 +23,19 @@ def report_death(task: asyncio.Task[None]) -> None:
         log.error("background task %s returned; it should run until stopped", task.get_name())
 
 
-class BackgroundTasks:
-    """The app's background tasks; stopped together on shutdown."""
+# A background loop: runs until cancelled, logging and going on after each failure.
+Loop = Callable[[web.Application], Coroutine[Any, Any, None]]
 
-    def __init__(self) -> None:
+
+class BackgroundTasks:
+    """The app's background loops; stopped together on shutdown."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
         self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro, name=name)
+    def start(self, name: str, loop: Loop) -> None:
+        task = asyncio.create_task(loop(self._app), name=name)
         task.add_done_callback(report_death)
         self._tasks.append(task)
 

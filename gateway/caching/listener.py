@@ -7,9 +7,11 @@ import logging
 from typing import Any
 
 import asyncpg
+from aiohttp import web
 
-from gateway.caching.caches import Caches
+from gateway.caching.caches import CACHES, Caches
 from gateway.db.unavailable import DATABASE_ERRORS
+from gateway.keys import SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -59,3 +61,10 @@ async def _close(conn: asyncpg.Connection) -> None:
         await asyncio.wait_for(conn.close(), timeout=2)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
         conn.terminate()
+
+
+async def run(app: web.Application) -> None:
+    """The loop as the app starts it."""
+    database_url = app[SETTINGS].database_url
+    assert database_url is not None, "the app has a database by the time its loops start"
+    await listen_for_invalidations(database_url, app[CACHES])
