@@ -1,0 +1,56 @@
+"""mcp-gateway: a multi-tenant gateway and monitoring service for MCP servers. This is the map.
+
+Three ways in, one aiohttp application (app.create_app builds it, in dependency order):
+
+- Agents call /api/v1/proxy/{server}/mcp: proxy/ forwards MCP byte for byte to the upstream
+  server and puts each `tools/call` in the call log (calllog/). This is the hot path.
+- REST clients call /api/v1/...: api/ holds one thin handler module per resource, which
+  validate, call one SQL function (db/) and answer; api/routing declares each route's access.
+- People use the dashboard at /: dashboard/ renders pages that call the api/ handlers under
+  the same access rules.
+
+Beside them, background loops (background/) probe upstreams, evaluate alerts, send their
+notifications and apply retention, in the same event loop.
+
+The packages (each opens with its job):
+
+    proxy/       THE HOT PATH: handler, headers, admission, requests, replies, outcome, CORS
+    calllog/     the rows every producer writes (records) and the batched writer (writer)
+    upstreams/   registered servers as reached at run time (servers), their tool lists
+    accounts/    who is calling and what they may do (access), signup, rate limits, mailer
+    caching/     in-process caches, the LISTEN loop that drops their entries, the shared cache
+    api/         /api/v1: routing, models, one module per resource, the OpenAPI document
+    dashboard/   the pages, their templates and static files
+    background/  the loops, each `async def run(app)`, started from one list in app.py
+    ops/         serve --workers (supervisor), /healthz and /readyz (readiness), metrics
+    mcp/         the gateway's own MCP client: client, errors, headers, tool list budget, probe
+    security/    passwords, tokens, key values, sealed credentials, the outbound address
+                 policy, untrusted JSON Schemas checked in worker processes
+    db/          the pool, schema and migrations, one SQL module per resource, histograms,
+                 what "the database is unavailable" means (unavailable)
+
+The top level holds the assembly only: app, cli (and __main__), config (the only reader of
+the environment), errors (the one error middleware), keys (the infrastructure AppKeys; every
+other web.AppKey is declared by the module that owns what it holds).
+
+Words:
+
+- A *server* is the registered resource (db/servers, api/servers); an *upstream* is that
+  server as the gateway reaches it at run time (upstreams/, with its URL and credentials).
+- A *worker* is a gateway process (`serve --workers N`, ops/supervisor); a *loop* is
+  background work inside one (background/). GATEWAY_RUN_WORKERS says whether a process runs
+  the loops.
+- *Health* is an upstream's (probes, /health); *readiness* is this process's (/readyz).
+- A *tool call* is a row of the call log; a `tools/call` is the MCP request it records.
+- A *workspace* is a tenant: every row belongs to one, and every bound is counted per one.
+
+Hot-path conventions (the proxy's every call pays for each line; bench/proxy_cost.py counts):
+
+- Cached lookups have `peek()` beside `get()`: peek answers a hit without a coroutine, and
+  only a miss awaits get(), which loads and caches.
+- No database round trip per proxied request: API keys, memberships and servers come from
+  in-process caches that LISTEN/NOTIFY keeps fresh; call log rows are queued, never awaited.
+- What a request needs is looked up once (proxy.handler.Proxying), not by app[key] per use.
+- Refusals come before anything is forwarded: a call the gateway could not log, or could read
+  differently from the server, never reaches it.
+"""
