@@ -22,20 +22,22 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from argon2 import PasswordHasher
 from cryptography.fernet import Fernet
 
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.db.schema import apply_schema
-from tests.contract import ContractChecker
-from tests.support import Api
-from tests.upstreams import free_port, running, sdk_server
+from gateway.security import passwords
+from tests.helpers.api import Api, AppFactory
+from tests.helpers.contract import ContractChecker
+from tests.helpers.postgres import scratch_database, with_database
+from tests.helpers.upstreams import free_port, running, sdk_server
 
 TEST_FERNET_KEY = Fernet.generate_key().decode()
 
@@ -44,11 +46,6 @@ def run_sync(coro: Awaitable[Any]) -> Any:
     """Run a coroutine on its own loop in a thread, away from the tests' event loops."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()  # type: ignore[arg-type]
-
-
-def with_database(dsn: str, name: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{name}"))
 
 
 @pytest.fixture(scope="session")
@@ -127,23 +124,6 @@ def template_db(pg_admin_dsn: str) -> Iterator[str]:
     run_sync(drop())
 
 
-@contextlib.asynccontextmanager
-async def scratch_database(
-    admin_dsn: str, prefix: str, template: str | None = None
-) -> AsyncIterator[str]:
-    """A new database (a copy of `template`, else empty), dropped on exit; yields its DSN."""
-    name = f"{prefix}_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(
-            f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else "")
-        )
-        yield with_database(admin_dsn, name)
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
-
-
 @pytest.fixture
 async def database_url(pg_admin_dsn: str, template_db: str) -> AsyncIterator[str]:
     """A fresh database with the schema, dropped after the test."""
@@ -169,9 +149,6 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         auth_rate_limit="10000/minute",
         run_workers=False,
     )
-
-
-AppFactory = Callable[..., Awaitable[Api]]
 
 
 @pytest.fixture
@@ -261,12 +238,16 @@ def own_postgres(tmp_path: Path) -> Iterator[Any]:
     server.cleanup()
 
 
-def restart_postgres(server: Any) -> None:
-    from pgserver._commands import pg_ctl
+# Fixtures of tests/helpers used across the suite (the SMTP inbox).
+pytest_plugins = ["tests.helpers.mail"]
 
-    pg_ctl(
-        ["-w", "-m", "fast", "-l", str(server.log), "restart"],
-        pgdata=server.pgdata,
-        user=server.system_user,
-        timeout=60,
-    )
+
+@pytest.fixture(autouse=True)
+def cheap_password_hashing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passwords are hashed with cheap argon2id parameters: behaviour is under test, not cost
+    (tests marked real_password_hashing keep OWASP's)."""
+    if request.node.get_closest_marker("real_password_hashing"):
+        return
+    hasher = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+    monkeypatch.setattr(passwords, "_hasher", hasher)
+    monkeypatch.setattr(passwords, "_DUMMY_HASH", hasher.hash("not-a-real-password"))

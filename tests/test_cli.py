@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -14,26 +12,11 @@ import time
 import aiohttp
 import asyncpg
 import pytest
-from cryptography.fernet import Fernet
 
 from gateway.cli import main
 from gateway.config import ENV_VARIABLES
-from tests.upstreams import free_port
-
-SECRETS = {
-    "GATEWAY_JWT_SECRET": secrets.token_urlsafe(48),
-    "GATEWAY_SECRET_KEYS": Fernet.generate_key().decode(),
-}
-
-
-def environment(**values: str) -> dict[str, str]:
-    """This process's environment without any gateway settings, plus `values`."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("GATEWAY_") and k not in ("DATABASE_URL", "SMTP_URL", "PUBLIC_URL")
-    }
-    return {**env, **values}
+from tests.helpers.processes import SECRETS, environment
+from tests.helpers.upstreams import free_port
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

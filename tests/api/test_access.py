@@ -28,8 +28,8 @@ from gateway.security.tokens import (
     EmailClaims,
     issue_email_token,
 )
-from tests.alerting import add_rule, add_server, evaluate, ingest
-from tests.support import Account, Api, Credential
+from tests.helpers.alerting import add_rule, add_server, evaluate, ingest
+from tests.helpers.api import Account, Api, Credential
 
 CALLERS = ("anon", "key", "outsider", "member", "admin", "owner")
 _fresh = itertools.count(1)

@@ -9,8 +9,8 @@ from typing import Any
 
 import asyncpg
 
-from tests.alerting import add_rule, add_server, ago, evaluate, events, ingest
-from tests.support import Api
+from tests.helpers.alerting import add_rule, add_server, ago, evaluate, events, ingest
+from tests.helpers.api import Api
 
 RULE_FIELDS = {
     "id",

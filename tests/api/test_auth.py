@@ -16,9 +16,8 @@ from gateway.security.tokens import (
     issue_access_token,
     issue_email_token,
 )
-from tests.conftest import AppFactory
-from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
-from tests.support import Account, Api
+from tests.helpers.api import Account, Api, AppFactory
+from tests.helpers.mail import Inbox
 
 
 def token_of(invite: dict[str, Any]) -> str:

@@ -8,9 +8,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from tests.conftest import AppFactory
-from tests.support import Account, Api
-from tests.test_proxy import add_server
+from tests.helpers.api import Account, Api, AppFactory
+from tests.helpers.proxying import add_server
 
 NUL = "a\x00b"
 

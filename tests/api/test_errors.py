@@ -13,8 +13,7 @@ from aiohttp.test_utils import TestClient
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.db import users as users_db
-from tests.conftest import AppFactory
-from tests.support import Api
+from tests.helpers.api import Api, AppFactory
 
 ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 

@@ -18,7 +18,7 @@ import pytest
 
 from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.security.outbound import parse_networks
-from tests.conftest import AppFactory
+from tests.helpers.api import AppFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).with_name("schemathesis.toml")

@@ -11,7 +11,7 @@ import asyncpg
 
 from gateway.db import health_checks as health_checks_db
 from gateway.mcp.probe import ProbeResult
-from tests.support import Account, Api
+from tests.helpers.api import Account, Api
 
 
 async def register(api: Api, admin: Account, name: str) -> uuid.UUID:

@@ -18,8 +18,8 @@ from typing import Any
 
 import asyncpg
 
-from tests.support import Api, Credential, Reply
-from tests.tenants import Ids, arrange_victim, snapshot
+from tests.helpers.api import Api, Credential, Reply
+from tests.helpers.tenants import Ids, arrange_victim, snapshot
 
 # A valid body for each request body schema (by $ref name, or the operationId of an inline one),
 # with the ids to use: a body that fails validation would be refused before any lookup.

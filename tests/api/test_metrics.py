@@ -15,12 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.calllog.records import ToolCall
 from gateway.calllog.writer import CALL_LOG
-from tests.alerting import add_rule, deliver, evaluate, ingest, receiver
-from tests.alerting import add_server as register_server
-from tests.conftest import AppFactory
-from tests.support import Api
-from tests.test_proxy import add_server, arrange, call, logged_calls, recorder, rpc
-from tests.upstreams import unused_url
+from tests.helpers.alerting import add_rule, deliver, evaluate, ingest, receiver
+from tests.helpers.alerting import add_server as register_server
+from tests.helpers.api import Api, AppFactory
+from tests.helpers.proxying import add_server, arrange, call, logged_calls, recorder, rpc
+from tests.helpers.upstreams import unused_url
 
 Sample = tuple[str, dict[str, str], float]
 

@@ -23,8 +23,8 @@ from gateway.api.routing import API_PREFIX, Routes, mount
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.errors import NotFound, error_middleware
-from tests.contract import ContractChecker
-from tests.support import Api
+from tests.helpers.api import Api
+from tests.helpers.contract import ContractChecker
 
 ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 

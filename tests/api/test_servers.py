@@ -19,10 +19,9 @@ from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.background.prober import Prober
 from gateway.keys import HTTP
 from gateway.mcp.client import McpClient
-from tests.conftest import AppFactory
-from tests.support import Account, Api
-from tests.test_proxy import add_server
-from tests.upstreams import SDK_TOOL_NAMES, FakeUpstream, fake_upstream, unused_url
+from tests.helpers.api import Account, Api, AppFactory
+from tests.helpers.proxying import add_server
+from tests.helpers.upstreams import SDK_TOOL_NAMES, FakeUpstream, fake_upstream, unused_url
 
 _names = itertools.count(1)
 

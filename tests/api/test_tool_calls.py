@@ -15,9 +15,8 @@ from gateway.calllog.records import ToolCall, new_call_id
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import floor_day
 from gateway.db.rollups import floor_hour
-from tests.conftest import AppFactory
-from tests.support import Account, Api
-from tests.test_proxy import add_server
+from tests.helpers.api import Account, Api, AppFactory
+from tests.helpers.proxying import add_server
 
 
 async def workspace_with_server(api: Api, db: asyncpg.Connection) -> tuple[Account, str, str]:

@@ -17,9 +17,9 @@ from gateway.caching.caches import CACHES
 from gateway.caching.shared import SHARED_CACHE
 from gateway.mcp.client import McpClient
 from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS
-from tests.alerting import add_server
-from tests.conftest import AppFactory
-from tests.hostile import (
+from tests.helpers.alerting import add_server
+from tests.helpers.api import Account, Api, AppFactory, Credential, Reply
+from tests.helpers.hostile import (
     MiB,
     any_of_chain,
     catastrophic_pattern,
@@ -29,9 +29,8 @@ from tests.hostile import (
     schema_tool,
     unique_objects,
 )
-from tests.sdk_server import build_server
-from tests.support import Account, Api, Credential, Reply
-from tests.upstreams import (
+from tests.helpers.sdk_server import build_server
+from tests.helpers.upstreams import (
     SDK_TOOL_NAMES,
     FakeUpstream,
     default_tools,
@@ -40,6 +39,7 @@ from tests.upstreams import (
     serve_loopback,
     unused_url,
 )
+from tests.helpers.waiting import until
 
 PLAYGROUND = "mcp-gateway-playground"
 
@@ -143,13 +143,6 @@ async def gated_upstream() -> AsyncIterator[tuple[FakeUpstream, asyncio.Event, l
         fake.url = f"{base_url}/mcp"
         yield fake, gate, held
         gate.set()
-
-
-async def until(condition: Any, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 # -- listing ---------------------------------------------------------------------------------

@@ -14,9 +14,8 @@ import pytest
 
 from gateway.accounts.access import AUTHENTICATOR
 from gateway.caching.caches import CACHES
-from tests.conftest import AppFactory
-from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
-from tests.support import Api, Reply
+from tests.helpers.api import Api, AppFactory, Reply
+from tests.helpers.mail import Inbox
 
 
 async def own_invalidation_only(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:

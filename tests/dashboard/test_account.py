@@ -8,10 +8,9 @@ from urllib.parse import unquote
 
 import asyncpg
 
-from tests.conftest import AppFactory
-from tests.dashboard.conftest import Browser, BrowserFactory, Page
-from tests.mail import Inbox, smtp_server  # noqa: F401 (a fixture)
-from tests.support import Api
+from tests.helpers.api import Api, AppFactory
+from tests.helpers.browser import Browser, BrowserFactory, Page
+from tests.helpers.mail import Inbox
 
 SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",

@@ -9,9 +9,9 @@ from typing import Any
 
 import asyncpg
 
-from tests.alerting import add_rule, add_server, deliver, evaluate, events, ingest, receiver
-from tests.dashboard.conftest import BrowserFactory, Page
-from tests.support import Account, Api
+from tests.helpers.alerting import add_rule, add_server, deliver, evaluate, events, ingest, receiver
+from tests.helpers.api import Account, Api
+from tests.helpers.browser import BrowserFactory, Page
 
 HOSTILE = "<script>alert(1)</script>"
 DASH = "\u2013"  # the en dash of the pager's range

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncpg
 
-from tests.dashboard.conftest import BrowserFactory
-from tests.support import Api
-from tests.test_proxy import add_server
+from tests.helpers.api import Api
+from tests.helpers.browser import BrowserFactory
+from tests.helpers.proxying import add_server
 
 
 async def test_figures_and_charts_for_each_period_and_server(

@@ -18,8 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.conftest import AppFactory
-from tests.support import Api
+from tests.helpers.api import Api, AppFactory
 
 playwright_api = pytest.importorskip(
     "playwright.async_api", reason="pip install playwright (in the test extras)"

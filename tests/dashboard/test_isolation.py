@@ -9,9 +9,9 @@ import re
 
 import asyncpg
 
-from tests.dashboard.conftest import BrowserFactory
-from tests.support import Api
-from tests.tenants import arrange_victim, snapshot
+from tests.helpers.api import Api
+from tests.helpers.browser import BrowserFactory
+from tests.helpers.tenants import arrange_victim, snapshot
 
 # Valid forms where an invalid one could be refused before the id is looked up.
 FORMS = {

@@ -6,10 +6,10 @@ import uuid
 
 import asyncpg
 
-from tests.dashboard.conftest import BrowserFactory
-from tests.support import Api
-from tests.test_proxy import add_server
-from tests.upstreams import unused_url
+from tests.helpers.api import Api
+from tests.helpers.browser import BrowserFactory
+from tests.helpers.proxying import add_server
+from tests.helpers.upstreams import unused_url
 
 
 async def test_all_clear_then_a_server_down_and_an_alert_firing(

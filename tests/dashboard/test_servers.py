@@ -8,10 +8,10 @@ from html import unescape
 
 import asyncpg
 
-from tests.dashboard.conftest import BrowserFactory
-from tests.support import Account, Api
-from tests.test_proxy import add_server
-from tests.upstreams import fake_upstream, unused_url
+from tests.helpers.api import Account, Api
+from tests.helpers.browser import BrowserFactory
+from tests.helpers.proxying import add_server
+from tests.helpers.upstreams import fake_upstream, unused_url
 
 HOSTILE = "<script>alert(1)</script>"
 

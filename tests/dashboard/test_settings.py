@@ -6,9 +6,8 @@ import re
 import uuid
 from typing import Any
 
-from tests.conftest import AppFactory
-from tests.dashboard.conftest import Browser, BrowserFactory, Page
-from tests.support import Account, Api
+from tests.helpers.api import Account, Api, AppFactory
+from tests.helpers.browser import Browser, BrowserFactory, Page
 
 # A new workspace of one's own is anyone's to start: not a control of this workspace.
 _ACTION = re.compile(r'<form[^>]*action="(/settings(?!/workspaces)[^"#]*)')

@@ -9,9 +9,9 @@ from typing import Any
 
 import asyncpg
 
-from tests.dashboard.conftest import BrowserFactory
-from tests.support import Account, Api
-from tests.test_proxy import add_server
+from tests.helpers.api import Account, Api
+from tests.helpers.browser import BrowserFactory
+from tests.helpers.proxying import add_server
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 

@@ -19,7 +19,7 @@ from gateway.db import tool_calls
 from gateway.db.partitions import AHEAD_DAYS, DEFAULT_KEEP_DAYS, floor_day, partitions
 from gateway.db.rollups import TABLES, rebuild
 from gateway.db.schema import apply_schema, migrations
-from tests.conftest import scratch_database
+from tests.helpers.postgres import scratch_database
 
 V1 = Path(__file__).with_name("schema_v1.sql")
 

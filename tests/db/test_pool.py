@@ -4,47 +4,17 @@ bounds instead of hanging, and tool calls refused with a 503 never appear later.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from tests.conftest import AppFactory
-from tests.test_proxy import add_server
+from tests.helpers.api import AppFactory
+from tests.helpers.postgres import frozen
+from tests.helpers.proxying import add_server
 
 # Generous: the bounds under test are a fraction of this (a slow CI machine is not a hang).
 _GUARD_SECONDS = 20
-
-
-def _cluster_pids(postmaster: int) -> list[int]:
-    """The postmaster and every process it started (backends, background workers)."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == postmaster:
-                    children.append(int(entry.name))
-    return [*children, postmaster]
-
-
-@contextlib.contextmanager
-def frozen(server: Any) -> Iterator[None]:
-    """Every process of the PostgreSQL server stopped, as by a hung machine, then resumed."""
-    pids = _cluster_pids(server.get_pid())
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in reversed(pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
 
 
 async def test_a_frozen_database_is_a_prompt_503_and_takes_back_unwritten_calls(

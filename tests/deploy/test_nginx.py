@@ -30,9 +30,9 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from tests.test_cli import SECRETS, environment
-from tests.test_proxy import sdk_client
-from tests.upstreams import free_port, serve_loopback
+from tests.helpers.processes import SECRETS, environment
+from tests.helpers.proxying import sdk_client
+from tests.helpers.upstreams import free_port, serve_loopback
 
 NGINX = shutil.which("nginx") or next(
     (path for path in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(path, os.X_OK)),

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from tests.upstreams import sdk_server
+from tests.helpers.upstreams import sdk_server
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,8 @@ from gateway.mcp.errors import (
     UnsupportedTransport,
 )
 from gateway.mcp.tool_list_budget import ToolListMemory
-from tests.hostile import MiB, hostile_lister
-from tests.upstreams import SDK_TOOL_NAMES, fake_upstream, unused_url
+from tests.helpers.hostile import MiB, hostile_lister
+from tests.helpers.upstreams import SDK_TOOL_NAMES, fake_upstream, unused_url
 
 POST_ACCEPT = "application/json, text/event-stream"
 
@@ -523,4 +523,6 @@ async def test_reading_the_costliest_list_allowed_holds_the_event_loop_only_brie
         done.set()
         await watcher
     assert len(tools) == 1
-    assert longest < 0.5, f"the event loop was held for {longest:.3f} s"
+    # About 0.1 s on an idle machine; the bound is the "under a second", which a
+    # busy CI machine still keeps (unbounded lists held the loop for seconds).
+    assert longest < 1.0, f"the event loop was held for {longest:.3f} s"

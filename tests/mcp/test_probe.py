@@ -10,8 +10,8 @@ import pytest
 from gateway.mcp.client import McpClient
 from gateway.mcp.probe import ProbeResult, probe, tools_hash
 from gateway.mcp.tool_list_budget import ToolListMemory
-from tests.hostile import MiB, hostile_lister
-from tests.upstreams import SDK_TOOL_NAMES, default_tools, fake_upstream, unused_url
+from tests.helpers.hostile import MiB, hostile_lister
+from tests.helpers.upstreams import SDK_TOOL_NAMES, default_tools, fake_upstream, unused_url
 
 THRESHOLD_MS = 1000.0
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from argon2 import PasswordHasher
 
 from gateway.security.passwords import hash_password, verify_password
+
+# The real parameters are what is under test here.
+pytestmark = pytest.mark.real_password_hashing
 
 
 async def test_hashes_are_argon2id_at_19_mib_two_passes_one_lane() -> None:

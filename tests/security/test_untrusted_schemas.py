@@ -15,14 +15,14 @@ import pytest
 from aiohttp import web
 
 from gateway.security.untrusted_schemas import Problem, SchemaChecker
-from tests.hostile import (
+from tests.helpers.hostile import (
     any_of_chain,
     catastrophic_pattern,
     distinct_objects,
     ref_loop,
     unique_objects,
 )
-from tests.upstreams import serve_loopback
+from tests.helpers.upstreams import serve_loopback
 
 
 @pytest.fixture

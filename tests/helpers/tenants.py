@@ -1,0 +1,67 @@
+"""Two tenants for the isolation tests: a victim workspace with one of everything, and a
+snapshot of the database to show that a stranger changed nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from tests.helpers.alerting import add_rule, add_server, evaluate, ingest
+from tests.helpers.api import Account, Api
+
+Ids = dict[str, str]
+
+
+@dataclass
+class Victim:
+    owner: Account
+    ids: Ids
+    # Texts only the victim's workspace holds: none may appear in a stranger's answers.
+    secrets: tuple[str, ...]
+
+
+async def arrange_victim(api: Api) -> Victim:
+    owner = await api.org(await api.signup(name="Victim Owner"), name="Victim Inc")
+    member = await api.member(owner)
+    invite = await api.invite(owner, "invitee@example.com")
+    key = await api.post(
+        f"/workspaces/{owner.workspace_id}/api-keys", json={"name": "victim-key"}, auth=owner
+    )
+    server_id = await add_server(api, owner, "victim-server")
+    rule = await add_rule(
+        api, owner, name="victim-rule", metric="call_count", operator=">=", threshold=1
+    )
+    await ingest(api, owner, server_id, [{"tool_name": "victim-tool"}])
+    await evaluate(api)
+    events = await api.get("/alerts/events", auth=owner, expect=200)
+    calls = await api.get("/tool-calls", auth=owner, expect=200)
+    ids = {
+        "workspace_id": owner.workspace_id,
+        "user_id": member.user_id,
+        "invite_id": invite["id"],
+        "key_id": key.body["id"],
+        "server_id": server_id,
+        "rule_id": rule["id"],
+        "event_id": events.body["items"][0]["id"],
+        "call_id": calls.body["items"][0]["id"],
+    }
+    secrets = (*ids.values(), "Victim Inc", "victim-server", "victim-rule", "victim-tool")
+    return Victim(owner, ids, secrets)
+
+
+async def snapshot(db: asyncpg.Connection) -> dict[str, list[str]]:
+    """Every row of every table; when a key or a dashboard session was last used aside (the
+    stranger uses their own)."""
+    tables = await db.fetch(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
+    )
+    rows = {}
+    for (table,) in tables:
+        rows[table] = sorted(
+            r[0]
+            for r in await db.fetch(
+                f"SELECT (to_jsonb(t) - 'last_used_at' - 'last_seen_at')::text FROM {table} t"
+            )
+        )
+    return rows

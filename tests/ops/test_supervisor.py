@@ -1,0 +1,613 @@
+"""`serve --workers 2` as a real process tree: one port shared by two workers, state kept
+consistent between them through PostgreSQL, background work done once, SIGTERM and SIGKILL.
+
+Each test runs `python -m gateway serve --workers 2` against its own database. To act on one
+known worker, a test keeps one keep-alive connection to it (a session limited to one
+connection, which must never open a second): /healthz on it says which worker it is, and every
+later request on it reaches the same process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from tests.helpers.alerting import receiver
+from tests.helpers.processes import SECRETS, environment
+from tests.helpers.upstreams import free_port
+
+WORKERS = 2
+# Probes only when a server is new or the test makes it due; rules are due every second.
+PROBE_INTERVAL = 3600.0
+ALERT_INTERVAL = 1.0
+# Hang guards, not timings: a loaded 2-core machine may take many seconds to start Python.
+STARTUP_SECONDS = 90.0
+STOP_SECONDS = 45.0
+# Fresh connections tried before concluding the kernel does not spread them: with two
+# workers, missing one by chance has probability 2**-63.
+SPREAD_ATTEMPTS = 64
+ACCEPT = "application/json, text/event-stream"
+_STARTED = re.compile(r"worker (\d+) started \(pid (\d+)\)")
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/net/tcp").exists(), reason="reads /proc to see the workers (Linux only)"
+)
+
+
+# -- the process tree ------------------------------------------------------------------------
+
+
+@dataclass
+class Supervised:
+    """The parent process, its log, and the base URL its workers serve."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def started(self) -> list[tuple[int, int]]:
+        """(worker id, pid) of every worker the parent started, in order."""
+        return [(int(w), int(p)) for w, p in _STARTED.findall(self.log())]
+
+    def worker_pids(self) -> dict[int, int]:
+        """The latest pid of each worker id."""
+        return dict(self.started())
+
+    def check_running(self) -> None:
+        code = self.process.poll()
+        assert code is None, f"the gateway exited with {code}:\n{self.log()[-4000:]}"
+
+
+def listeners(port: int) -> int:
+    """Sockets listening on 127.0.0.1:port (one per worker with SO_REUSEPORT). A worker binds
+    only once its app has started (schema, pool, cache listener), so this counts ready workers."""
+    local = f"0100007F:{port:04X}"
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[3] == "0A":  # 0A: LISTEN
+            count += 1
+    return count
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def ours(pid: int) -> bool:
+    """A multiprocessing child still running under this pid (guards against pid reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    return b"multiprocessing" in cmdline and alive(pid)
+
+
+async def until(
+    condition: Callable[[], bool], what: str, within: float, gateway: Supervised
+) -> None:
+    """Poll `condition()` until it holds; fail naming `what` after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not condition():
+        gateway.check_running()
+        assert time.monotonic() < deadline, f"{what}: not within {within:g} s\n{gateway.log()}"
+        await asyncio.sleep(0.05)
+
+
+async def until_async(
+    condition: Callable[[], Awaitable[bool]], what: str, gateway: Supervised
+) -> None:
+    """`until` for a condition that must ask PostgreSQL."""
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while not await condition():
+        gateway.check_running()
+        assert time.monotonic() < deadline, f"{what}: not within {STARTUP_SECONDS:g} s"
+        await asyncio.sleep(0.05)
+
+
+async def all_listening(gateway: Supervised) -> None:
+    await until(
+        lambda: listeners(gateway.port) == WORKERS,
+        f"{WORKERS} workers listening",
+        STARTUP_SECONDS,
+        gateway,
+    )
+
+
+@pytest.fixture
+async def gateway(database_url: str, tmp_path: Path) -> AsyncIterator[Supervised]:
+    """`python -m gateway serve --workers 2` on a free port, ready; stopped by PID at the end
+    (the parent with SIGTERM, then anything of its tree still running with SIGKILL)."""
+    port = free_port()
+    env = environment(
+        DATABASE_URL=database_url,
+        GATEWAY_DATA_DIR=str(tmp_path / "data"),
+        GATEWAY_PROBE_INTERVAL_SECONDS=str(PROBE_INTERVAL),
+        GATEWAY_ALERT_EVAL_INTERVAL_SECONDS=str(ALERT_INTERVAL),
+        GATEWAY_AUTH_RATE_LIMIT="10000/minute",
+        # Not the 503s of a slow database (tested elsewhere): a loaded machine may be slow.
+        GATEWAY_DB_ACQUIRE_TIMEOUT_SECONDS="30",
+        **SECRETS,
+    )
+    log_path = tmp_path / "gateway.log"
+    args = [sys.executable, "-m", "gateway", "serve", "--workers", str(WORKERS)]
+    args += ["--host", "127.0.0.1", "--port", str(port)]
+    supervised = start(args, env, log_path, port)
+    try:
+        await all_listening(supervised)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{supervised.url}/readyz") as response,
+        ):
+            assert response.status == 200, await response.text()
+        yield supervised
+    finally:
+        await asyncio.to_thread(stop, supervised)
+
+
+def start(args: list[str], env: dict[str, str], log_path: Path, port: int) -> Supervised:
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return Supervised(process, log_path, port)
+
+
+def stop(supervised: Supervised) -> None:
+    process = supervised.process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    for _, pid in supervised.started():
+        if ours(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- talking to one worker -------------------------------------------------------------------
+
+
+@dataclass
+class Pinned:
+    """One keep-alive connection to one worker, and every request sent on it."""
+
+    session: aiohttp.ClientSession
+    worker: int
+    opened: list[object] = field(default_factory=list)
+
+    async def request(
+        self, method: str, path: str, *, auth: str | dict[str, str] | None = None, **kw: Any
+    ) -> tuple[int, Any]:
+        headers = dict(kw.pop("headers", {}))
+        if isinstance(auth, str):
+            headers["X-API-Key"] = auth
+        elif auth is not None:
+            headers.update(auth)
+        async with self.session.request(method, path, headers=headers, **kw) as response:
+            body = await response.json() if response.content_type == "application/json" else None
+            status = response.status
+        # Still the one connection this session opened, so still the same worker.
+        assert len(self.opened) == 1, f"a new connection was opened: worker {self.worker}?"
+        return status, body
+
+
+async def connect(url: str) -> Pinned:
+    """A session with one connection, pinned to whichever worker accepted it."""
+    opened: list[object] = []
+
+    async def count(_session: object, _context: object, params: object) -> None:
+        opened.append(params)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(count)
+    session = aiohttp.ClientSession(
+        url,
+        connector=aiohttp.TCPConnector(limit=1, keepalive_timeout=120),
+        trace_configs=[trace],
+        timeout=aiohttp.ClientTimeout(total=30),
+    )
+    try:
+        async with session.get("/healthz") as response:
+            assert response.status == 200
+            worker: int = (await response.json())["worker"]
+    except BaseException:
+        await session.close()
+        raise
+    return Pinned(session, worker, opened)
+
+
+async def fresh_worker_ids(url: str, attempts: int = SPREAD_ATTEMPTS) -> set[int]:
+    """The worker ids that answer /healthz on new connections, until every one has (at most
+    `attempts` connections)."""
+    seen: set[int] = set()
+    connector = aiohttp.TCPConnector(force_close=True)  # a new connection per request
+    async with aiohttp.ClientSession(url, connector=connector) as http:
+        for _ in range(attempts):
+            async with http.get("/healthz") as response:
+                assert response.status == 200
+                seen.add((await response.json())["worker"])
+            if len(seen) == WORKERS:
+                break
+    return seen
+
+
+@contextlib.asynccontextmanager
+async def one_per_worker(url: str) -> AsyncIterator[dict[int, Pinned]]:
+    """A pinned connection to each worker (trying at most SPREAD_ATTEMPTS connections)."""
+    pinned: dict[int, Pinned] = {}
+    try:
+        for _ in range(SPREAD_ATTEMPTS):
+            candidate = await connect(url)
+            if candidate.worker in pinned:
+                await candidate.session.close()
+            else:
+                pinned[candidate.worker] = candidate
+            if len(pinned) == WORKERS:
+                break
+        assert sorted(pinned) == list(range(1, WORKERS + 1)), sorted(pinned)
+        yield pinned
+    finally:
+        for each in pinned.values():
+            await each.session.close()
+
+
+# A change in one worker reaches the other's in-memory caches by PostgreSQL NOTIFY, a few
+# milliseconds after the changing request was answered (up to ~10 ms measured on a loaded
+# 2-core machine), so a request sent at once may still be served from the cache. The bound is
+# a hang guard, far below the caches' TTL (300 s): only the invalidation can make the other
+# worker change its answer.
+INVALIDATION_SECONDS = 15.0
+
+
+async def heard(
+    worker: Pinned,
+    request: tuple[str, str],
+    changed: Callable[[int, Any], bool],
+    **kw: Any,
+) -> None:
+    """Repeat `request` on `worker` until its answer shows the change."""
+    deadline = time.monotonic() + INVALIDATION_SECONDS
+    stale = 0
+    while True:
+        status, body = await worker.request(*request, **kw)
+        if changed(status, body):
+            return
+        stale += 1
+        assert time.monotonic() < deadline, (
+            f"worker {worker.worker} still answers {status} {str(body)[:200]} ({stale} times, "
+            f"{INVALIDATION_SECONDS:g} s after the change)"
+        )
+        await asyncio.sleep(0.005)
+
+
+# -- arrangements through the API ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    headers: dict[str, str]  # bearer token
+    workspace: str
+    key: str
+    key_id: str
+
+
+async def owner_with_key(worker: Pinned) -> Owner:
+    """A new user (bearer headers, workspace) and an API key of their workspace."""
+    signup = {
+        "email": f"owner-{uuid.uuid4().hex[:8]}@example.com",
+        "password": "password123",
+        "name": "Owner",
+    }
+    status, tokens = await worker.request("POST", "/api/v1/auth/signup", json=signup)
+    assert status == 201, tokens
+    headers = {"Authorization": f"Bearer {tokens['access_token']}"}
+    workspace = tokens["workspace"]["id"]
+    status, key = await worker.request(
+        "POST", f"/api/v1/workspaces/{workspace}/api-keys", json={"name": "k"}, auth=headers
+    )
+    assert status == 201, key
+    return Owner(headers, workspace, key["key"], key["id"])
+
+
+async def register(worker: Pinned, owner: Owner, url: str) -> str:
+    name = f"upstream-{uuid.uuid4().hex[:6]}"
+    status, server = await worker.request(
+        "POST", "/api/v1/servers", json={"name": name, "url": url}, auth=owner.headers
+    )
+    assert status == 201, server
+    server_id: str = server["id"]
+    return server_id
+
+
+async def proxied_call(worker: Pinned, key: str, server_id: str, text: str) -> None:
+    """One tools/call through the proxy, answered by the upstream."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": text}},
+    }
+    headers = {"Accept": ACCEPT, "MCP-Protocol-Version": "2025-06-18"}
+    status, reply = await worker.request(
+        "POST", f"/api/v1/proxy/{server_id}/mcp", json=body, auth=key, headers=headers
+    )
+    assert status == 200, reply
+    assert reply["result"]["content"][0]["text"] == text, reply
+
+
+# -- the tests -------------------------------------------------------------------------------
+
+
+async def test_two_workers_share_one_port_and_every_invalidation(
+    gateway: Supervised, sdk_json_url: str
+) -> None:
+    # The kernel spreads new connections over both workers.
+    assert await fresh_worker_ids(gateway.url) == {1, 2}
+
+    async with one_per_worker(gateway.url) as workers:
+        one, two = workers[1], workers[2]
+        for worker in (one, two):
+            status, ready = await worker.request("GET", "/readyz")
+            assert status == 200, ready
+        owner = await owner_with_key(one)
+        server_id = await register(one, owner, sdk_json_url)
+
+        # A revoked API key, cached by both workers: refused by the one that revoked it on its
+        # very next request, and by the other as soon as the NOTIFY reaches it.
+        servers = ("GET", "/api/v1/servers")
+        for worker in (one, two):
+            status, _ = await worker.request(*servers, auth=owner.key)
+            assert status == 200
+        status, _ = await one.request(
+            "DELETE",
+            f"/api/v1/workspaces/{owner.workspace}/api-keys/{owner.key_id}",
+            auth=owner.headers,
+        )
+        assert status == 204
+        status, _ = await one.request(*servers, auth=owner.key)
+        assert status == 401
+        await heard(two, servers, lambda status, _: status == 401, auth=owner.key)
+
+        # The playground's tool list, cached by each worker: one DELETE drops it from both.
+        tools = ("GET", f"/api/v1/servers/{server_id}/tools")
+        for worker in (one, two):
+            for cached in (False, True):
+                status, listing = await worker.request(*tools, auth=owner.headers)
+                assert status == 200, listing
+                assert listing["cached"] is cached, (worker.worker, listing)
+        status, _ = await two.request("DELETE", f"{tools[1]}/cache", auth=owner.headers)
+        assert status == 204
+        status, listing = await two.request(*tools, auth=owner.headers)
+        assert (status, listing["cached"]) == (200, False)
+        await heard(one, tools, lambda status, body: body["cached"] is False, auth=owner.headers)
+    gateway.check_running()
+
+
+# Every claim of background work, logged by a trigger of the test's own: the row claimed, whether
+# it was due when claimed (a claim is an UPDATE that pushes the due time past now()), which
+# process claimed it (its application_name), and when its transaction started (a statement
+# waiting on a lock has started its transaction, not always its statement: asyncpg's Execute
+# message, after the wait, restarts statement_timestamp()).
+_CLAIM_LOG = """
+CREATE TABLE test_claims (
+    seq bigserial PRIMARY KEY,
+    kind text NOT NULL,
+    id uuid NOT NULL,
+    was_due boolean NOT NULL,
+    claimer text NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE FUNCTION test_log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO test_claims (kind, id, was_due, claimer)
+    VALUES (TG_TABLE_NAME, NEW.id, (to_jsonb(OLD) ->> TG_ARGV[0])::timestamptz <= now(),
+            current_setting('application_name'));
+    RETURN NULL;
+END $$;
+CREATE TRIGGER test_claimed AFTER UPDATE OF next_probe_at ON servers FOR EACH ROW
+    WHEN (NEW.next_probe_at > now() AND NEW.next_probe_at IS DISTINCT FROM OLD.next_probe_at)
+    EXECUTE FUNCTION test_log_claim('next_probe_at');
+CREATE TRIGGER test_claimed AFTER UPDATE OF next_eval_at ON alert_rules FOR EACH ROW
+    WHEN (NEW.next_eval_at > now() AND NEW.next_eval_at IS DISTINCT FROM OLD.next_eval_at)
+    EXECUTE FUNCTION test_log_claim('next_eval_at');
+"""
+
+# Claim statements (the prober's and the alert evaluator's), by the due condition they select on.
+_CLAIMING = {"servers": "%next_probe_at <= now()%", "alert_rules": "%next_eval_at <= now()%"}
+_WAITING_CLAIMERS = """
+SELECT DISTINCT application_name FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1
+"""
+_CLAIMS_RUNNING_SINCE_BEFORE = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'active'
+  AND (query LIKE $1 OR query LIKE $2) AND xact_start < $3
+"""
+WORKER_NAMES = {f"mcp-gateway worker {n}" for n in range(1, WORKERS + 1)}
+
+
+async def test_probes_and_alert_evaluations_are_claimed_once_across_workers(
+    gateway: Supervised, sdk_json_url: str, database_url: str
+) -> None:
+    db, monitor = await asyncpg.connect(database_url), await asyncpg.connect(database_url)
+    try:
+        await db.execute(_CLAIM_LOG)
+        async with receiver() as hooks, one_per_worker(gateway.url) as workers:
+            one = workers[1]
+            owner = await owner_with_key(one)
+            servers = [await register(one, owner, sdk_json_url) for _ in range(3)]
+            # A call on the first server, and a rule per server that holds once it has one.
+            call = {"server_id": servers[0], "tool_name": "echo", "status": "success"}
+            status, _ = await one.request("POST", "/api/v1/tool-calls", json=call, auth=owner.key)
+            assert status == 201
+            rules = []
+            for server_id in servers:
+                rule = {
+                    "name": f"calls on {server_id}",
+                    "server_id": server_id,
+                    "metric": "call_count",
+                    "operator": ">=",
+                    "threshold": 1,
+                    "window_minutes": 60,
+                    "webhook_url": hooks.url("/hook"),
+                }
+                status, created = await one.request(
+                    "POST", "/api/v1/alerts/rules", json=rule, auth=owner.headers
+                )
+                assert status == 201, created
+                rules.append(created["id"])
+            workspace = uuid.UUID(owner.workspace)
+
+            # The race, forced: with both tables locked, every server and rule is made due
+            # while both workers' claims of each kind wait on the lock; then all go at once.
+            async with db.transaction():
+                await db.execute("LOCK TABLE servers, alert_rules IN EXCLUSIVE MODE")
+                await db.execute(
+                    "UPDATE servers SET next_probe_at = now() WHERE workspace_id = $1", workspace
+                )
+                await db.execute(
+                    "UPDATE alert_rules SET next_eval_at = now() WHERE workspace_id = $1",
+                    workspace,
+                )
+                before = await db.fetchval("SELECT coalesce(max(seq), 0) FROM test_claims")
+
+                async def both_wait() -> bool:
+                    for pattern in _CLAIMING.values():
+                        rows = await monitor.fetch(_WAITING_CLAIMERS, pattern)
+                        if {row[0] for row in rows} != WORKER_NAMES:
+                            return False
+                    return True
+
+                await until_async(both_wait, "both workers waiting to claim each kind", gateway)
+            released = await monitor.fetchval("SELECT clock_timestamp()")
+
+            async def raced() -> bool:
+                running = await monitor.fetchval(
+                    _CLAIMS_RUNNING_SINCE_BEFORE, *_CLAIMING.values(), released
+                )
+                claimed = await monitor.fetchval(
+                    "SELECT count(DISTINCT id) FROM test_claims WHERE seq > $1", before
+                )
+                return bool(running == 0 and claimed == len(servers) + len(rules))
+
+            await until_async(raced, "every server and rule claimed again", gateway)
+            claims = await db.fetch("SELECT * FROM test_claims ORDER BY seq")
+
+            # No claim ever took a row that was not due: a second claim of the same due row
+            # would have found it pushed into the future by the first.
+            not_due = [
+                f"{c['kind']} {c['id']} by {c['claimer']}" for c in claims if not c["was_due"]
+            ]
+            assert claims
+            assert not not_due, f"claimed when not due: {not_due}"
+            assert {c["claimer"] for c in claims} <= WORKER_NAMES
+            # Each server was claimed once since the race (the next is an hour away) ...
+            since = [c for c in claims if c["seq"] > before]
+            assert sorted(str(c["id"]) for c in since if c["kind"] == "servers") == sorted(servers)
+            # ... and no rule twice by the two claims that raced for it.
+            racing = Counter(
+                str(c["id"])
+                for c in since
+                if c["kind"] == "alert_rules" and c["claimed_at"] < released
+            )
+            assert racing and max(racing.values()) == 1, racing
+
+            # Each claim was one probe, stored once.
+            probes = Counter(str(c["id"]) for c in claims if c["kind"] == "servers")
+
+            async def stored() -> bool:
+                rows = await db.fetch(
+                    "SELECT server_id, count(*) FROM health_checks GROUP BY server_id"
+                )
+                return {str(r[0]): r[1] for r in rows} == probes
+
+            await until_async(stored, "every claimed probe stored", gateway)
+
+            # Evaluated again and again by either worker, the rule with a call fired once and
+            # its notification was sent once; the others have no data.
+            delivered = await hooks.wait_for("/hook", 1, within=STARTUP_SECONDS)
+            assert len(delivered) == 1, delivered
+            events = await db.fetch("SELECT rule_id, event_type FROM alert_events")
+            assert [(str(e[0]), e[1]) for e in events] == [(rules[0], "FIRING")]
+            assert delivered[0].body["event"]["event_type"] == "FIRING"
+    finally:
+        await db.close()
+        await monitor.close()
+    gateway.check_running()
+
+
+async def test_a_killed_worker_is_replaced_and_sigterm_stops_all_after_draining(
+    gateway: Supervised, sdk_json_url: str, database_url: str
+) -> None:
+    first = gateway.worker_pids()
+    assert sorted(first) == [1, 2] and len(gateway.started()) == 2
+
+    # SIGKILL one worker: the parent starts another under the same worker id.
+    os.kill(first[2], signal.SIGKILL)
+    await until(lambda: not alive(first[2]), "the killed worker gone", STOP_SECONDS, gateway)
+    await until(
+        lambda: gateway.worker_pids()[2] != first[2],
+        "a new worker 2 started",
+        STARTUP_SECONDS,
+        gateway,
+    )
+    replaced = gateway.worker_pids()
+    assert replaced[1] == first[1] and alive(replaced[2])
+    await all_listening(gateway)
+    assert await fresh_worker_ids(gateway.url) == {1, 2}
+
+    # A proxied call through each worker, answered while its log entry cannot be written yet
+    # (the test holds a lock that blocks writes to tool_calls), then SIGTERM to the parent.
+    db = await asyncpg.connect(database_url)
+    try:
+        async with one_per_worker(gateway.url) as workers:
+            owner = await owner_with_key(workers[1])
+            server_id = await register(workers[1], owner, sdk_json_url)
+            logged = "SELECT status FROM tool_calls WHERE server_id = $1"
+            async with db.transaction():
+                await db.execute("LOCK TABLE tool_calls IN SHARE MODE")
+                for worker in workers.values():
+                    await proxied_call(worker, owner.key, server_id, f"via {worker.worker}")
+                assert await db.fetch(logged, uuid.UUID(server_id)) == []  # still in memory
+                gateway.process.send_signal(signal.SIGTERM)
+                # Both workers stop listening and go on draining, held up by the lock.
+                await until(lambda: listeners(gateway.port) == 0, "workers shut", 30, gateway)
+                assert all(alive(pid) for pid in replaced.values()), gateway.log()
+            code = await asyncio.to_thread(gateway.process.wait, STOP_SECONDS)
+        assert code == 0, gateway.log()
+        assert not [pid for pid in replaced.values() if alive(pid)], gateway.log()
+        assert "received SIGTERM: stopping 2 workers" in gateway.log()
+        # Nothing the workers answered was lost: each drained its call log before exiting.
+        rows = await db.fetch(logged, uuid.UUID(server_id))
+        assert [row["status"] for row in rows] == ["success", "success"]
+    finally:
+        await db.close()
