@@ -1,5 +1,5 @@
 """schemathesis hooks: refusals a JSON Schema cannot state, which are therefore not failures of
-the document (each rule is stated in its operation's description or in the README)."""
+the document (each rule is stated in its operation's description or in docs/behaviour.md)."""
 
 from __future__ import annotations
 

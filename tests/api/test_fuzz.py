@@ -4,7 +4,7 @@ nothing the document allows refused for a reason it does not state.
 
 The run is the schemathesis CLI against the test's own gateway, configured by
 tests/api/schemathesis.toml (hooks in tests/api/fuzz_hooks.py). CI runs a small, seeded budget
-so that a failure replays; FUZZ_EXAMPLES and FUZZ_SEED widen it (README "Fuzzing the API").
+so that a failure replays; FUZZ_EXAMPLES and FUZZ_SEED widen it (docs/development.md).
 """
 
 from __future__ import annotations
