@@ -42,6 +42,7 @@ from gateway.db.schema import apply_schema
 from gateway.errors import error_middleware
 from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.tool_list_budget import ToolListMemory
+from gateway.ops import snapshots
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
 from gateway.proxy import handler as proxy
@@ -201,7 +202,7 @@ def create_app(settings: Settings) -> web.Application:
         [
             _database,
             _call_log,
-            metrics_api.metrics_context,
+            snapshots.metrics_context,
             _http_client,
             _shared_cache,
             _schema_checker,

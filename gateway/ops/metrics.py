@@ -9,7 +9,7 @@ Label sets are bounded: method classes, outcomes, kinds, statuses, cache names, 
 workspace or server id (unless GATEWAY_METRICS_PER_SERVER adds `server_id` to the proxy's
 request counter, for small deployments). Every series carries `worker`: under
 `serve --workers N` a scrape reaches one worker, which answers for all of them, from the
-snapshots each writes every SNAPSHOT_SECONDS (gateway.api.metrics).
+snapshots each writes every SNAPSHOT_SECONDS (gateway.ops.snapshots).
 """
 
 from __future__ import annotations
