@@ -23,6 +23,7 @@ The packages (each opens with its job):
     dashboard/   the pages, their templates and static files
     background/  the loops, each `async def run(app)`, started from one list in app.py
     ops/         serve --workers (supervisor), /healthz and /readyz (readiness), metrics
+                 and the worker snapshots a scrape adds up (snapshots)
     mcp/         the gateway's own MCP client: client, errors, headers, tool list budget, probe
     security/    passwords, tokens, key values, sealed credentials, the outbound address
                  policy, untrusted JSON Schemas checked in worker processes
@@ -43,6 +44,12 @@ Words:
 - *Health* is an upstream's (probes, /health); *readiness* is this process's (/readyz).
 - A *tool call* is a row of the call log; a `tools/call` is the MCP request it records.
 - A *workspace* is a tenant: every row belongs to one, and every bound is counted per one.
+- *Metrics* are this process's Prometheus counters (ops/metrics, served by api/metrics);
+  an alert rule's *metric* is what db/alert_metrics computes from the call log. Likewise a
+  latency *histogram* in db/histograms is the bucket array stored in the hourly rollups, not
+  a Prometheus one.
+- One resource, one name: api/tool_calls, db/tool_calls and dashboard/tool_calls are the
+  same resource's handlers, SQL and page (the same for servers and alerts).
 
 Hot-path conventions (the proxy's every call pays for each line; bench/proxy_cost.py counts):
 
