@@ -369,7 +369,12 @@ class CallLog:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="call-log-writer")
-        self._task.add_done_callback(report_death)
+        self._task.add_done_callback(self._report_death)
+
+    def _report_death(self, task: asyncio.Task[None]) -> None:
+        # Returning is how the writer ends once close() has drained it: only a death is news.
+        if not (self._closing and not task.cancelled() and task.exception() is None):
+            report_death(task)
 
     async def close(self, drain_seconds: float = 20.0) -> None:
         """Write everything queued (retrying while the database is down, for up to
