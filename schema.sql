@@ -116,7 +116,12 @@ CREATE TABLE api_keys (
     created_by    uuid REFERENCES users (id) ON DELETE SET NULL,
     created_at    timestamptz NOT NULL DEFAULT now(),
     last_used_at  timestamptz,
-    revoked_at    timestamptz
+    revoked_at    timestamptz,
+    -- Governed access (gateway/policy): what the key may do. Null servers or tools: all of them.
+    permissions   text[] NOT NULL DEFAULT '{proxy,ingest,read}',
+    allowed_servers uuid[],
+    allowed_tools text[],       -- tool name globs (* and ?)
+    rate_limit    text          -- "N/second|minute|hour|day", the key's tools/calls
 );
 CREATE INDEX api_keys_workspace_idx ON api_keys (workspace_id, created_at DESC);
 CREATE TRIGGER api_keys_invalidate AFTER INSERT OR UPDATE OR DELETE ON api_keys
@@ -153,11 +158,16 @@ CREATE TABLE servers (
     checks_down       bigint NOT NULL DEFAULT 0,
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now(),
+    -- Governed access: tool name globs nobody may call, and the limit of every caller's
+    -- tools/calls together ("N/unit").
+    disabled_tools    text[] NOT NULL DEFAULT '{}',
+    rate_limit        text,
     CONSTRAINT servers_workspace_id_name_key UNIQUE (workspace_id, name),
     CONSTRAINT servers_credentials_match CHECK ((auth_type IS NULL) = (credentials IS NULL))
 );
 CREATE INDEX servers_next_probe_idx ON servers (next_probe_at);
-CREATE TRIGGER servers_invalidate AFTER UPDATE OF url, auth_type, credentials OR DELETE ON servers
+CREATE TRIGGER servers_invalidate
+    AFTER UPDATE OF url, auth_type, credentials, disabled_tools, rate_limit OR DELETE ON servers
     FOR EACH ROW EXECUTE FUNCTION notify_invalidate('id');
 
 -- Written only through gateway/db/health_checks.py, which keeps health_hourly and the
@@ -474,4 +484,17 @@ CREATE INDEX rate_limit_hits_key_idx ON rate_limit_hits (key, at);
 -- The retention loop's sweep of keys nobody tried again.
 CREATE INDEX rate_limit_hits_expiry_idx ON rate_limit_hits (expires_at);
 
-INSERT INTO schema_version (version) VALUES (7);
+-- Rate limits' budgets when there is no Redis (gateway/db/call_budgets.py): per limit and
+-- window, the calls processes have taken leases on. UNLOGGED: a crash of PostgreSQL only
+-- starts the current windows afresh.
+CREATE UNLOGGED TABLE call_budgets (
+    subject       text NOT NULL,  -- "key:<id>:<unit>" or "server:<id>:<unit>"
+    window_start  timestamptz NOT NULL,
+    used          integer NOT NULL,
+    granted       integer NOT NULL,  -- what the latest take added (see db/call_budgets)
+    expires_at    timestamptz NOT NULL,
+    PRIMARY KEY (subject, window_start)
+);
+CREATE INDEX call_budgets_expiry_idx ON call_budgets (expires_at);
+
+INSERT INTO schema_version (version) VALUES (8);
