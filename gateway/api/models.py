@@ -29,6 +29,7 @@ from pydantic_core import CoreSchema, core_schema
 from gateway.db.types import BIGINT_MAX
 from gateway.errors import ValidationFailed
 from gateway.keys import SETTINGS
+from gateway.policy.rules import MAX_PATTERN, MAX_PATTERNS, check_pattern, parse_rate_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,3 +291,46 @@ class WorkspaceOut(Out):
     is_personal: bool
     created_at: datetime
     role: RoleName
+
+
+# Governed access (gateway/policy/rules.py holds the rules these fields become).
+
+
+def _pattern(value: str) -> str:
+    return check_pattern(value)
+
+
+def _rate_limit(value: str) -> str:
+    return str(parse_rate_limit(value))  # as written back: "100/minute"
+
+
+def _distinct(values: list[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
+
+
+# For the document, the characters of MCP's tool names and the two wildcards (stricter than
+# check_pattern, which takes any printable character but the wildcards of other dialects).
+ToolPattern = Annotated[
+    str,
+    StringConstraints(max_length=MAX_PATTERN),
+    AfterValidator(_pattern),
+    Documented(r"^[A-Za-z0-9_./*?-]+$"),
+]
+ToolPatterns = Annotated[
+    list[ToolPattern],
+    Field(
+        max_length=MAX_PATTERNS,
+        description="tool name globs: * is any characters, ? is one character",
+    ),
+    AfterValidator(_distinct),
+]
+RateLimitText = Annotated[
+    str,
+    AfterValidator(_rate_limit),
+    Field(
+        description="N calls per unit, N at least 1: 'N/second', 'N/minute', 'N/hour' or 'N/day'"
+    ),
+    Documented(r"^[1-9][0-9]{0,8}/(second|minute|hour|day)$"),
+]
+Permission = Literal["proxy", "ingest", "read"]
+Permissions = Annotated[list[Permission], AfterValidator(_distinct)]

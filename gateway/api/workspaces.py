@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
 from pydantic import Field
@@ -20,7 +20,20 @@ from gateway.accounts.access import (
     Role,
 )
 from gateway.accounts.mailer import MAILER
-from gateway.api.models import Body, Email, InviteRole, Name, Out, RoleName, Slug, WorkspaceOut
+from gateway.api.models import (
+    Body,
+    Email,
+    InviteRole,
+    Name,
+    Out,
+    Permission,
+    Permissions,
+    RateLimitText,
+    RoleName,
+    Slug,
+    ToolPatterns,
+    WorkspaceOut,
+)
 from gateway.api.routing import Routes
 from gateway.db import api_keys as api_keys_db
 from gateway.db import invites as invites_db
@@ -28,8 +41,16 @@ from gateway.db import memberships as memberships_db
 from gateway.db import users as users_db
 from gateway.db import workspaces as workspaces_db
 from gateway.db.bounds import AtBound
-from gateway.errors import BadRequest, BoundReached, Forbidden, NotFound, TooManyRequests
+from gateway.errors import (
+    BadRequest,
+    BoundReached,
+    Forbidden,
+    NotFound,
+    TooManyRequests,
+    ValidationFailed,
+)
 from gateway.keys import POOL, SETTINGS
+from gateway.policy.rules import MAX_PATTERNS, PERMISSIONS
 from gateway.security.api_keys import DISPLAY_PREFIX_LENGTH, new_api_key
 from gateway.security.tokens import hash_token, invite_token
 
@@ -77,8 +98,45 @@ class InviteCreated(InviteOut):
     invite_url: str
 
 
-class ApiKeyIn(Body):
+_PERMISSIONS = (
+    "what the key may do: `proxy` (MCP through the proxy), `ingest` (POST /tool-calls), "
+    "`read` (the workspace's data); a missing right is 403"
+)
+_ALLOWED_SERVERS = (
+    "null: every server of the workspace; else the ids of the only servers it may use "
+    "(a deleted server leaves the list)"
+)
+_ALLOWED_TOOLS = "null: every tool; else the only tools it may call, as name globs (* and ?)"
+_KEY_RATE_LIMIT = "null: none; else at most this many of the key's tools/calls, e.g. '100/minute'"
+
+
+class ApiKeyRules(Body):
+    """The governed-access fields of a key, as a create or a PATCH gives them."""
+
+    permissions: Permissions = Field(default=["proxy", "ingest", "read"], description=_PERMISSIONS)
+    allowed_servers: Annotated[list[uuid.UUID], Field(max_length=MAX_PATTERNS)] | None = Field(
+        default=None, description=_ALLOWED_SERVERS
+    )
+    allowed_tools: ToolPatterns | None = Field(default=None, description=_ALLOWED_TOOLS)
+    rate_limit: RateLimitText | None = Field(default=None, description=_KEY_RATE_LIMIT)
+
+    def rules(self) -> api_keys_db.KeyRules:
+        return api_keys_db.KeyRules(
+            [p for p in PERMISSIONS if p in self.permissions],  # one order, whatever was sent
+            None if self.allowed_servers is None else list(dict.fromkeys(self.allowed_servers)),
+            self.allowed_tools,
+            self.rate_limit,
+        )
+
+
+class ApiKeyIn(ApiKeyRules):
     name: Name
+
+
+class ApiKeyPatch(ApiKeyRules):
+    """Only supplied fields change (null is a value: every server, every tool, no limit)."""
+
+    name: Name | None = None
 
 
 class ApiKeyOut(Out):
@@ -88,6 +146,10 @@ class ApiKeyOut(Out):
     created_at: datetime
     last_used_at: datetime | None
     created_by: uuid.UUID | None
+    permissions: list[Permission] = Field(description=_PERMISSIONS)
+    allowed_servers: list[uuid.UUID] | None = Field(description=_ALLOWED_SERVERS)
+    allowed_tools: list[str] | None = Field(description=_ALLOWED_TOOLS)
+    rate_limit: str | None = Field(description=_KEY_RATE_LIMIT)
     created_by_former_member: bool = Field(
         description="its creator is no longer a member (removed, left, or their account is "
         "gone). The key keeps working, as it belongs to the workspace, but that person saw "
@@ -377,8 +439,11 @@ async def create_api_key(
                 raw[:DISPLAY_PREFIX_LENGTH],
                 hash_token(raw),
                 _user_id(request[PRINCIPAL]),
+                body.rules(),
                 limit,
             )
+        except api_keys_db.UnknownServers as exc:
+            raise _unknown_servers(exc) from None
         except AtBound:
             raise BoundReached(
                 f"this workspace has {limit} API keys",
@@ -387,6 +452,47 @@ async def create_api_key(
             ) from None
     created["key"] = raw
     return created
+
+
+@routes.patch(
+    "/workspaces/{workspace_id}/api-keys/{key_id}",
+    summary="Change an API key's scope and rate limit",
+    access=WS_ADMIN,
+    response=ApiKeyOut,
+    errors=(422,),
+)
+async def update_api_key(
+    request: web.Request, workspace_id: uuid.UUID, key_id: uuid.UUID, body: ApiKeyPatch
+) -> dict[str, Any]:
+    """Only the fields sent change; every gateway process applies the new rules within
+    moments (the key is reloaded on its next request)."""
+    given = body.model_fields_set
+    wanted = body.rules()
+
+    def change(current: api_keys_db.KeyRules) -> api_keys_db.KeyRules:
+        return api_keys_db.KeyRules(
+            **{
+                field: getattr(wanted if field in given else current, field)
+                for field in ("permissions", "allowed_servers", "allowed_tools", "rate_limit")
+            }
+        )
+
+    async with request.app[POOL].acquire() as conn:
+        try:
+            updated = await api_keys_db.update_rules(
+                conn, workspace_id, key_id, change, name=body.name
+            )
+        except api_keys_db.UnknownServers as exc:
+            raise _unknown_servers(exc) from None
+    if updated is None:
+        raise NotFound("API key not found")
+    return updated
+
+
+def _unknown_servers(exc: api_keys_db.UnknownServers) -> ValidationFailed:
+    return ValidationFailed(
+        f"body.allowed_servers: not servers of this workspace: {', '.join(map(str, exc.ids))}"
+    )
 
 
 @routes.delete(

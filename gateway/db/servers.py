@@ -101,8 +101,17 @@ WHERE id = $1 AND workspace_id = $2
 RETURNING {_COLUMNS}
 """
 
-# Health checks go with the server (ON DELETE CASCADE in schema.sql).
-_DELETE = "DELETE FROM servers WHERE id = $1 AND workspace_id = $2 RETURNING id"
+# Health checks go with the server (ON DELETE CASCADE in schema.sql); keys scoped to it lose
+# it from their allowed servers (a key scoped to it alone may then use no server at all, never
+# every server).
+_DELETE = """
+WITH gone AS (DELETE FROM servers WHERE id = $1 AND workspace_id = $2 RETURNING id),
+unscoped AS (
+    UPDATE api_keys SET allowed_servers = array_remove(allowed_servers, $1)
+    WHERE workspace_id = $2 AND $1 = ANY (allowed_servers) AND EXISTS (SELECT 1 FROM gone)
+)
+SELECT id FROM gone
+"""
 
 # The servers whose probe is due, taken in turns between workspaces: every workspace's most
 # overdue server first, then every workspace's second, and so on, counting the probes a

@@ -20,7 +20,7 @@ _RATE = re.compile(r"(\d{1,9})/(second|minute|hour|day)")
 
 # Tool names are short (MCP: 1..128 characters); a pattern is a name with wildcards.
 MAX_PATTERN: Final = 255
-MAX_PATTERNS: Final = 500
+MAX_PATTERNS: Final = 100
 # Characters that are wildcards in other glob dialects: refused, so that nobody writes
 # `read_[ab]*` believing it is a character class and gets a rule that matches nothing.
 _NOT_OURS = frozenset("[]{}!")

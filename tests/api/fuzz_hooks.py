@@ -20,6 +20,9 @@ _NOT_IN_A_SCHEMA = (
     "is more than 1 hour in the future",
     # A workspace's (or a user's) bounds on what it may hold: the count is not in the request.
     "the most this gateway allows",
+    # An API key's allowed_servers: ids must be servers of the workspace, which a schema
+    # cannot know.
+    "not servers of this workspace",
 )
 
 

@@ -25,7 +25,7 @@ CONFIG = Path(__file__).with_name("schemathesis.toml")
 EXAMPLES = os.environ.get("FUZZ_EXAMPLES", "5")
 SEED = os.environ.get("FUZZ_SEED", "1")  # "random" for a new one each run
 # A bound on the whole run, whatever the budget: a hung request fails the test, not CI.
-RUN_TIMEOUT_SECONDS = 60 + 6 * int(EXAMPLES)
+RUN_TIMEOUT_SECONDS = 120 + 6 * int(EXAMPLES)
 
 
 @pytest.mark.parametrize("caller", ["owner", "member", "key"])
