@@ -45,6 +45,7 @@ from gateway.mcp.tool_list_budget import ToolListMemory
 from gateway.ops import snapshots
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
+from gateway.policy.budgets import BUDGETS, budgets_for
 from gateway.proxy import handler as proxy
 from gateway.security.secretbox import SECRET_BOX, SecretBox
 from gateway.security.untrusted_schemas import SCHEMA_CHECKER, SchemaChecker
@@ -110,6 +111,14 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
     yield
     await pool.close()
+
+
+async def _budgets(app: web.Application) -> AsyncIterator[None]:
+    # Every process takes leases of rate limits' budgets (and gives them back on the way out).
+    settings = app[SETTINGS]
+    async with budgets_for(app[POOL], settings.redis_url) as budgets:
+        app[BUDGETS] = budgets
+        yield
 
 
 async def _call_log(app: web.Application) -> AsyncIterator[None]:
@@ -201,6 +210,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend(
         [
             _database,
+            _budgets,
             _call_log,
             snapshots.metrics_context,
             _http_client,

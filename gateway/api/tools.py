@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,9 +20,18 @@ from gateway.api.models import Body, Out
 from gateway.api.routing import Routes
 from gateway.calllog.records import ToolCall, clean_text, new_call_id
 from gateway.calllog.writer import CALL_LOG, Reservation, no_room
-from gateway.errors import BadGateway, GatewayTimeout, NotFound, ValidationFailed
+from gateway.errors import (
+    BadGateway,
+    Forbidden,
+    GatewayTimeout,
+    NotFound,
+    TooManyRequests,
+    ValidationFailed,
+)
 from gateway.keys import HTTP, SETTINGS
 from gateway.mcp.errors import McpError
+from gateway.policy import decisions
+from gateway.policy.budgets import BUDGETS
 from gateway.proxy.handler import PROXYING
 from gateway.proxy.replies import failed_result_text, shorten
 from gateway.proxy.requests import UNNAMED_TOOL
@@ -41,6 +51,10 @@ class ToolOut(Out):
     description: str = Field(description="empty when the server gives none")
     input_schema: dict[str, Any] = Field(
         alias="inputSchema", description="JSON Schema of the arguments, as the server declares it"
+    )
+    disabled: bool = Field(
+        description="it matches the server's disabled_tools: nobody may call it through the "
+        "gateway (the playground's invoke is 403)"
     )
 
 
@@ -115,9 +129,13 @@ async def list_tools(request: web.Request, server_id: uuid.UUID) -> dict[str, An
     upstream = await _upstream(request, server_id)
     with request.app[PROXYING].in_flight.holding(upstream.workspace_id):
         listing = await request.app[TOOL_LISTS].get(upstream)
+    disabled = None if upstream.rules is None else upstream.rules.disabled
     return {
         "server_id": upstream.id,
-        "tools": listing.tools,
+        "tools": [
+            {**tool, "disabled": disabled is not None and disabled.match(tool["name"])}
+            for tool in listing.tools
+        ],
         "cached": listing.cached,
         "cached_at": listing.fetched_at,
     }
@@ -137,7 +155,7 @@ async def drop_tools_cache(request: web.Request, server_id: uuid.UUID) -> None:
     summary="Call one of the server's tools",
     access=ADMIN,
     response=InvokeOut,
-    errors=(429,),
+    errors=(403, 429),
 )
 async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn) -> dict[str, Any]:
     """The tool must be in the server's tool list (cached or fetched now), else 422 naming
@@ -146,16 +164,36 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
     Nothing is called or logged then. The check runs in a separate process within
     GATEWAY_SCHEMA_CHECK_SECONDS; a schema that cannot be checked (unusable, too large, too
     slow to check) is not enforced: the call goes on, and `arguments_checked` is false with
-    the reason. Otherwise the call is logged as a tool call (caller_agent
-    `mcp-gateway-playground`) before the answer, which is 200 also when the call fails:
+    the reason. A tool matching the server's `disabled_tools` is 403, and a call over the
+    server's `rate_limit` 429 with Retry-After, each logged as a refused tool call. Otherwise
+    the call is logged as a tool call (caller_agent `mcp-gateway-playground`) before the
+    answer, which is 200 also when the call fails:
     `status` is `error` when the server cannot be reached (also while listing its tools), times
     out, answers with an HTTP or JSON-RPC error, or returns a result with `isError: true`;
     `error_message` says why."""
     app = request.app
     upstream = await _upstream(request, server_id)
+    if upstream.rules is not None:
+        await _govern(app, upstream, body.tool_name)
     # It holds an upstream connection as a proxied request does: counted with them.
     with app[PROXYING].in_flight.holding(upstream.workspace_id):
         return await _invoke(app, request, upstream, body)
+
+
+async def _govern(app: web.Application, upstream: Upstream, tool_name: str) -> None:
+    """The server's rules, as the proxy applies them (a member has no key rules): a refusal
+    is logged as a refused tool call, then answered."""
+    try:
+        decisions.check_tools(None, upstream.rules, [tool_name])
+        await decisions.take_calls(app[BUDGETS], None, upstream.rules, 1)
+    except decisions.Refused as refused:
+        reservation = app[CALL_LOG].reserve(upstream.workspace_id, 1)
+        if reservation is not None:
+            outcome = _Outcome(None, f"refused: {refused.reason}", 0)
+            await app[CALL_LOG].write([_log_row(upstream, tool_name, outcome)], reservation)
+        if refused.status == 429:
+            raise TooManyRequests(refused.reason, math.ceil(refused.retry_after)) from None
+        raise Forbidden(refused.reason) from None
 
 
 async def _invoke(

@@ -21,6 +21,9 @@ class UpstreamRow:
     url: str
     auth_type: str | None
     credentials: bytes | None
+    # Governed access; the prober's claims leave them out (None).
+    disabled_tools: list[str] | None = None
+    rate_limit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,8 @@ status, last_checked_at, last_latency_ms, tool_count, tools_changed_at, created_
 """
 
 _UPSTREAM = """
-SELECT id, workspace_id, name, url, auth_type, credentials FROM servers WHERE id = $1
+SELECT id, workspace_id, name, url, auth_type, credentials, disabled_tools, rate_limit
+FROM servers WHERE id = $1
 """
 
 _COUNT = "SELECT count(*) FROM servers WHERE workspace_id = $1"

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import servers as servers_db
+from gateway.policy.rules import ServerRules
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SecretBox
 
@@ -22,13 +23,15 @@ class Upstream:
     url: str
     # The server's stored credentials as request headers; never log these.
     auth_headers: dict[str, str]
+    # What nobody may do with it (disabled tools, a rate limit); None: nothing withheld.
+    rules: ServerRules | None = None
 
 
 class Upstreams:
     """server id -> Upstream, with credentials decrypted once rather than per request.
 
-    Dropped on any change of url or credentials, in every process (schema.sql's trigger on
-    servers); call forget() after a change so this process does not wait for the NOTIFY.
+    Dropped on any change of url, credentials or rules, in every process (schema.sql's trigger
+    on servers); call forget() after a change so this process does not wait for the NOTIFY.
     """
 
     def __init__(self, pool: asyncpg.Pool, box: SecretBox, caches: Caches) -> None:
@@ -70,6 +73,7 @@ class Upstreams:
             name=row.name,
             url=row.url,
             auth_headers=upstream_auth_headers(row.auth_type, credentials),
+            rules=ServerRules.of(row.id, row.disabled_tools or (), row.rate_limit),
         )
 
 
