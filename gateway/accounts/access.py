@@ -16,6 +16,7 @@ from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import api_keys as api_keys_db
 from gateway.db import memberships as memberships_db
 from gateway.errors import Forbidden, NotFound, Unauthorized
+from gateway.policy.rules import KeyRules
 from gateway.security.tokens import InvalidToken, hash_token, read_access_token
 
 
@@ -70,6 +71,8 @@ class Principal:
     role: Role | None
     user_id: uuid.UUID | None = None
     api_key_id: uuid.UUID | None = None
+    # What an API key may not do (governed access); None: a member, or a key with no rules.
+    rules: KeyRules | None = None
 
 
 PRINCIPAL = web.RequestKey("principal", Principal)
@@ -117,7 +120,12 @@ class Authenticator:
         key = await api_keys_db.find_active(self._pool, key_hash)
         if key is None:
             return None
-        return Principal(workspace_id=key.workspace_id, role=Role.MEMBER, api_key_id=key.id)
+        rules = KeyRules.of(
+            key.id, key.permissions, key.allowed_servers, key.allowed_tools, key.rate_limit
+        )
+        return Principal(
+            workspace_id=key.workspace_id, role=Role.MEMBER, api_key_id=key.id, rules=rules
+        )
 
     def cached(self, request: web.Request, access: Access) -> Principal:
         """As authenticate() for a cached API key (every proxied call of an agent), without a
@@ -180,6 +188,11 @@ class Authenticator:
             raise Unauthorized("invalid or revoked API key")
         if not access.api_key:
             raise Forbidden(_KEY_REFUSED)
+        # Governed access: a key without `read` reads nothing (the proxy checks `proxy`,
+        # ingestion `ingest`).
+        rules = principal.rules
+        if rules is not None and access.key_right == "read" and "read" not in rules.permissions:
+            raise Forbidden("this API key does not have the read permission")
         assert principal.api_key_id is not None
         self.key_usage[principal.api_key_id] = time.time()
         return principal

@@ -35,7 +35,7 @@ from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import FUTURE_SLACK
 from gateway.db.rollups import floor_hour
 from gateway.db.types import BIGINT_MAX
-from gateway.errors import BadRequest, NotFound, ValidationFailed
+from gateway.errors import BadRequest, Forbidden, NotFound, ValidationFailed
 from gateway.keys import POOL, SETTINGS
 from gateway.upstreams.servers import UPSTREAMS
 
@@ -162,7 +162,7 @@ def _parse(raw: bytes) -> tuple[list[ToolCallIn], bool]:
     access=USE,
     status=201,
     response=ToolCallOut | ToolCallsCreated,
-    errors=(400, 404, 408, 413, 415, 422),
+    errors=(400, 403, 404, 408, 413, 415, 422),
     request_body=ToolCallIn
     | Annotated[list[ToolCallIn], Field(min_length=1, max_length=MAX_BATCH)],
 )
@@ -171,7 +171,12 @@ async def ingest(request: web.Request) -> web.Response:
     1000 (answered with `{"items": [...]}`), each with the fields of ToolCallIn: `server_id`,
     `tool_name` and `status` required; `created_at` defaults to the time of receipt. Every
     server must be in your workspace (else 404, and nothing is stored). A 201 means the calls
-    are committed: a following GET /tool-calls sees them."""
+    are committed: a following GET /tool-calls sees them. An API key needs the `ingest`
+    permission, and every `server_id` within its `allowed_servers` (else 403, and nothing is
+    stored)."""
+    rules = request[PRINCIPAL].rules
+    if rules is not None and "ingest" not in rules.permissions:
+        raise Forbidden("this API key does not have the ingest permission")
     raw = await read_bytes(request)
     check_json(request, raw)
     calls, many = _parse(raw)
@@ -184,6 +189,8 @@ async def ingest(request: web.Request) -> web.Response:
         upstream = await app[UPSTREAMS].get(server_id, workspace_id)
         if upstream is None:
             raise NotFound(f"server {server_id} not found")
+        if rules is not None and rules.servers is not None and server_id not in rules.servers:
+            raise Forbidden(f"this API key may not use server {server_id}")
         names[server_id] = upstream.name
     records = [
         ToolCall(

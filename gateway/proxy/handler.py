@@ -37,9 +37,13 @@ from gateway.errors import (
     PayloadTooLarge,
 )
 from gateway.keys import HTTP, SETTINGS
+from gateway.mcp.tool_list_budget import MAX_TOOL_LIST_BYTES, MiB
 from gateway.ops.metrics import METRICS, Metrics
+from gateway.policy.budgets import BUDGETS, Budgets
+from gateway.policy.tool_lists import filter_reply
 from gateway.proxy import cors
 from gateway.proxy.admission import LARGE_BODY_BYTES, InFlight, LargeBodies, process_stream_bound
+from gateway.proxy.governing import Filtering, govern
 from gateway.proxy.headers import (
     PASS_BACK,
     SKIP_AUTO_HEADERS,
@@ -79,7 +83,11 @@ UpstreamReply = Annotated[
 
 
 class JsonRpcErrorObject(Out):
-    code: int = Field(description="-32700: the body cannot be read; -32600: a batch too large")
+    code: int = Field(
+        description="-32700: the body cannot be read; -32600: a batch too large; -32020: the "
+        "Mcp-Name header disagrees with the body; -32003: a tool the rules refuse; -32029: "
+        "over a rate limit"
+    )
     message: str
 
 
@@ -89,6 +97,20 @@ class JsonRpcErrorResponse(Out):
     jsonrpc: Literal["2.0"]
     id: str | int | None
     error: JsonRpcErrorObject
+
+
+class Refusal(Out):
+    """A refusal of the request as a whole (the key's scope, the workspace's bounds)."""
+
+    detail: str
+
+
+# Governed access answers a refused tools/call to its id (a batch with one error per call);
+# other refusals of the same status are {"detail": ...}.
+RuledOut = Annotated[
+    Refusal | JsonRpcErrorResponse | list[JsonRpcErrorResponse],
+    Field(description="a refused tools/call: a JSON-RPC error to its id; else {detail}"),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +129,8 @@ class Proxying:
     # process's file descriptors, which every other tenant's requests and logins need.
     in_flight: InFlight
     large_bodies: LargeBodies
+    # Rate limits' budgets (governed access).
+    budgets: Budgets
 
     @classmethod
     async def setup(cls, app: web.Application) -> None:
@@ -121,6 +145,7 @@ class Proxying:
             settings.proxy_timeout_seconds,
             InFlight(settings.max_streams_per_workspace, process_stream_bound()),
             LargeBodies(),
+            app[BUDGETS],
         )
 
 
@@ -137,7 +162,7 @@ class _CallerLeft(Exception):
     request_body=JsonRpcMessage,
     response=UpstreamReply,
     errors=(404, 408, 413, 415, 429, 502, 503, 504),
-    error_bodies={400: JsonRpcErrorResponse},
+    error_bodies={400: JsonRpcErrorResponse, 403: RuledOut, 429: RuledOut},
 )
 @routes.route(
     "GET",
@@ -172,7 +197,8 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     unlogged."""
     started = time.perf_counter()
     proxying = request.app[PROXYING]
-    workspace_id = request[PRINCIPAL].workspace_id
+    principal = request[PRINCIPAL]
+    workspace_id = principal.workspace_id
     upstreams = proxying.upstreams
     upstream = upstreams.peek(server_id, workspace_id)  # no coroutine on a cache hit
     if upstream is MISSING:
@@ -204,16 +230,29 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
                         calls = tool_calls_in(body)
                 except UnreadableRequest as exc:
                     raise JsonRpcRefusal(400, exc.code, exc.message) from None
-                if calls:
-                    # Forwarded, calls the log has no room for would run unlogged (it is
-                    # full, or this workspace holds its share): refused before anything is
-                    # sent. Their rows are added when the reply ends.
-                    reservation = proxying.call_log.reserve(workspace_id, len(calls))
-                    if reservation is None:
-                        raise no_room()
+        filtering = None
+        if principal.rules is not None or upstream.rules is not None:
+            # Governed access: only for callers a rule applies to (one check for the others).
+            filtering = await govern(
+                request,
+                proxying.budgets,
+                proxying.call_log,
+                principal.rules,
+                upstream,
+                body,
+                calls,
+                started,
+            )
+        if calls:
+            # Forwarded, calls the log has no room for would run unlogged (it is full, or this
+            # workspace holds its share): refused before anything is sent. Their rows are
+            # added when the reply ends.
+            reservation = proxying.call_log.reserve(workspace_id, len(calls))
+            if reservation is None:
+                raise no_room()
         outcome = Outcome(calls)
         try:
-            return await _exchange(request, proxying, upstream, headers, body, outcome)
+            return await _exchange(request, proxying, upstream, headers, body, outcome, filtering)
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the caller hangs up (handler_cancellation), and
             # when the gateway shuts down, which leaves the caller's connection open until
@@ -249,6 +288,7 @@ async def _exchange(
     headers: CIMultiDict[str],
     body: bytes,
     outcome: Outcome,
+    filtering: Filtering | None,
 ) -> web.StreamResponse:
     timeout_seconds = proxying.timeout_seconds
     is_get = request.method == "GET"
@@ -292,6 +332,10 @@ async def _exchange(
         content_type = reply.headers.get("Content-Type")
         is_stream = is_event_stream(content_type)
         length = reply.content_length
+        if filtering is not None and 200 <= reply.status < 300:
+            filtered = await _filtered(request, reply, headers, outcome, timeout_seconds, filtering)
+            filtered.bare = content_type is None
+            return filtered
         if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
             buffered = await _buffered(request, reply, headers, outcome, timeout_seconds)
             buffered.bare = content_type is None
@@ -343,6 +387,45 @@ async def _buffered(
         else:
             for call in outcome.calls:
                 call.relayed = call.answered
+    return UpstreamResponse(body=body, status=reply.status, headers=headers)
+
+
+async def _filtered(
+    request: web.Request,
+    reply: aiohttp.ClientResponse,
+    headers: CIMultiDict[str],
+    outcome: Outcome,
+    timeout_seconds: float,
+    filtering: Filtering,
+) -> UpstreamResponse:
+    """A `tools/list` reply for a caller a tool rule applies to: read whole (JSON or an SSE
+    stream, up to the tool list bound), cut to the tools it may call, sent in one write."""
+    received = bytearray()
+    try:
+        async for chunk in reply.content.iter_any():
+            received += chunk
+            if len(received) > MAX_TOOL_LIST_BYTES:
+                outcome.error = "the tool list is too large to filter"
+                outcome.kind = "broke_off"
+                raise BadGateway(f"{outcome.error} (over {MAX_TOOL_LIST_BYTES // MiB} MiB)")
+    except TimeoutError:
+        outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
+        outcome.kind = "timeout"
+        raise GatewayTimeout(outcome.error) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        outcome.error = f"upstream broke off the response: {_describe(exc)}"
+        outcome.kind = "broke_off"
+        raise BadGateway(outcome.error) from None
+    outcome.read_at = time.perf_counter()
+    body = bytes(received)
+    outcome.size = len(body)
+    is_stream = is_event_stream(reply.headers.get("Content-Type"))
+    if outcome.calls:  # a batch may hold calls beside the list
+        reader = outcome.reader = ReplyReader(outcome.calls, event_stream=is_stream)
+        reader.feed(body)
+        reader.finish()
+        reader.delivered()
+    body = filter_reply(body, is_stream, filtering.ids, filtering.visible)
     return UpstreamResponse(body=body, status=reply.status, headers=headers)
 
 

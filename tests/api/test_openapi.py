@@ -91,7 +91,19 @@ def test_every_operation_documents_its_parameters_security_and_errors(
                 if int(status) >= 400:
                     schema = response["content"]["application/json"]["schema"]
                     # Errors are {"detail"}, but for the MCP endpoints' own refusals, which
-                    # answer MCP clients in JSON-RPC.
+                    # answer MCP clients in JSON-RPC: an unreadable body (400), a tools/call
+                    # the rules refuse (403) or rate-limit (429), the last two beside
+                    # {"detail"} refusals of the whole request.
+                    mcp_post = path.endswith("/mcp") and method == "post"
+                    if mcp_post and status in ("403", "429"):
+                        refs = {
+                            s.get("$ref", s.get("items", {}).get("$ref")) for s in schema["anyOf"]
+                        }
+                        assert refs == {
+                            "#/components/schemas/Refusal",
+                            "#/components/schemas/JsonRpcErrorResponse",
+                        }, where
+                        continue
                     own = (path.endswith("/mcp"), status) == (True, "400")
                     expected = "JsonRpcErrorResponse" if own else "Error"
                     assert schema == {"$ref": f"#/components/schemas/{expected}"}, where

@@ -1,0 +1,128 @@
+"""The proxy's side of governed access (gateway/policy decides): refusals answered the way MCP
+clients read them and logged as tool calls, and `tools/list` replies cut to what the caller may
+call. Only requests a rule applies to come here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+from aiohttp import web
+
+from gateway.calllog.writer import CallLog
+from gateway.errors import Forbidden, JsonRpcRefusal
+from gateway.policy import decisions
+from gateway.policy.budgets import Budgets
+from gateway.policy.rules import KeyRules
+from gateway.policy.tool_lists import tools_list_ids
+from gateway.proxy.outcome import Outcome, record_calls
+from gateway.proxy.requests import ToolCallSeen
+from gateway.upstreams.servers import Upstream
+
+# 2026-07-28: a policy-enforcing intermediary checks Mcp-Name against the body.
+HEADER_MISMATCH: Final = -32020
+_BASE64 = ("=?base64?", "?=")
+
+
+@dataclass(frozen=True, slots=True)
+class Filtering:
+    """A `tools/list` reply to cut: the ids of the list requests, and which tools to keep."""
+
+    ids: list[Any]
+    visible: Callable[[str], bool]
+
+
+async def govern(
+    request: web.Request,
+    budgets: Budgets,
+    call_log: CallLog,
+    key: KeyRules | None,
+    upstream: Upstream,
+    body: bytes,
+    calls: list[ToolCallSeen],
+    started: float,
+) -> Filtering | None:
+    """Raises the refusal of a request the rules refuse (after logging its calls); else what
+    to filter in its reply, if anything."""
+    try:
+        decisions.check_server(key, upstream.id)
+        if calls:
+            names = [call.name for call in calls]
+            decisions.check_tools(key, upstream.rules, names)
+            _check_mcp_name(request, names)
+            await decisions.take_calls(budgets, key, upstream.rules, len(calls))
+    except decisions.Refused as refused:
+        _log_refusal(request, call_log, upstream, calls, refused, started)
+        raise _answer(refused, calls) from None
+    visible = decisions.tool_filter(key, upstream.rules)
+    if visible is None or not body:
+        return None
+    ids = tools_list_ids(body)
+    return None if ids is None else Filtering(ids, visible)
+
+
+def _check_mcp_name(request: web.Request, names: list[str]) -> None:
+    """A 2026-07-28 call names its tool in a header too; a server that routes by the header
+    must not run another tool than the one the rules were checked against."""
+    header = request.headers.get("Mcp-Name")
+    if header is None or len(names) != 1:
+        return
+    if _decoded(header) != names[0]:
+        raise JsonRpcRefusal(
+            400,
+            HEADER_MISMATCH,
+            "Header mismatch: the Mcp-Name header does not name the tool the body calls",
+        )
+
+
+def _decoded(header: str) -> str | None:
+    if header.startswith(_BASE64[0]) and header.endswith(_BASE64[1]):
+        try:
+            return base64.b64decode(header[9:-2], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+    return header
+
+
+def _log_refusal(
+    request: web.Request,
+    call_log: CallLog,
+    upstream: Upstream,
+    calls: list[ToolCallSeen],
+    refused: decisions.Refused,
+    started: float,
+) -> None:
+    if not calls:
+        return  # nothing was called (an initialize, a GET stream): nothing to log
+    # A refusal the log has no room for is still a refusal (nothing ran): answered unlogged.
+    reservation = call_log.reserve(upstream.workspace_id, len(calls))
+    if reservation is None:
+        return
+    outcome = Outcome(calls)
+    outcome.status = refused.status
+    outcome.error = f"refused: {refused.reason}"
+    record_calls(request, call_log, reservation, upstream, outcome, started)
+
+
+def _answer(refused: decisions.Refused, calls: list[ToolCallSeen]) -> Exception:
+    headers = None
+    if refused.retry_after:
+        headers = {"Retry-After": str(math.ceil(refused.retry_after))}
+    if refused.code is None:
+        return Forbidden(refused.reason)
+    message = f"refused by mcp-gateway: {refused.reason}"
+    if len(calls) == 1:
+        return JsonRpcRefusal(refused.status, refused.code, message, calls[0].rid, headers=headers)
+    # A batch is refused whole: an error for each of its calls that expects an answer.
+    answer = JsonRpcRefusal(refused.status, refused.code, message, headers=headers)
+    error = {"code": refused.code, "message": message}
+    answer.body = orjson.dumps(
+        [{"jsonrpc": "2.0", "id": c.rid, "error": error} for c in calls if c.rid is not None]
+    )
+    return answer
