@@ -8,7 +8,7 @@ a lonely dot that reads as a stray mark.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from markupsafe import Markup, escape
@@ -90,7 +90,7 @@ def bars(
 
 def lines(
     hours: Sequence[datetime],
-    series: dict[str, Sequence[float | None]],
+    series: Mapping[str, Sequence[float | None]],
     *,
     label: str,
     unit: str = "",

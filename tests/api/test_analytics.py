@@ -192,7 +192,7 @@ async def test_every_endpoint_counts_the_same_calls(make_api: AppFactory) -> Non
         del params["limit"]
         volume = await analytics(api, key, "volume", **params)
         rates = await analytics(api, key, "error-rates", **params)
-        total = sum(t["call_count"] for t in top)
+        total: int = sum(t["call_count"] for t in top)
         assert total == sum(v["call_count"] for v in volume) == sum(r["call_count"] for r in rates)
         errors = sum(t["error_count"] for t in top)
         assert errors == sum(round(r["error_rate"] * r["call_count"]) for r in rates)

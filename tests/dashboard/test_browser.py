@@ -266,6 +266,8 @@ async def _on_a_phone(visitor: Visitor, name: str, *, shown: list[Any]) -> None:
         for locator in shown:
             await playwright_api.expect(locator.first).to_be_visible()
             for index in range(await locator.count()):
+                if not await locator.nth(index).is_visible():
+                    continue  # an empty cell, left out of its card
                 box = await locator.nth(index).bounding_box()
                 assert box is not None, (name, locator)
                 assert box["x"] >= 0 and box["x"] + box["width"] <= width, (name, locator, box)
@@ -324,6 +326,7 @@ async def test_every_table_keeps_its_status_and_buttons_on_a_phone(
         "/": ("overview-tables", [badge]),
         "/servers": ("servers-tables", [badge]),
         f"/servers/{healthy}": ("server-tables", [page.locator(".table-wrap .badge")]),
+        f"/servers/{healthy}/tools": ("playground-tables", [page.locator(".table-wrap td")]),
         "/tool-calls": ("tool-calls-tables", [page.locator(".table-wrap .call-error")]),
         "/analytics?days=1": ("analytics-tables", [page.locator(".table-wrap td.num")]),
         "/alerts": (
