@@ -1,11 +1,13 @@
-"""/analytics: top tools and hourly call, error and latency series, cached per workspace."""
+"""/analytics: top tools and hourly call, error and latency series, cached per workspace.
+
+The four endpoints (and the dashboard's analytics page) read one snapshot per workspace,
+window and server filter (gateway.db.analytics.snapshot), cached as one entry: whichever
+panels a person looks at, they count the same calls."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -18,7 +20,6 @@ from gateway.api.models import Out, Query
 from gateway.api.routing import Routes
 from gateway.caching.shared import SHARED_CACHE
 from gateway.db import analytics as analytics_db
-from gateway.db.types import Executor
 from gateway.keys import POOL, SETTINGS
 from gateway.ops.metrics import METRICS
 
@@ -79,29 +80,31 @@ class VolumeOut(Out):
     call_count: int
 
 
-Compute = Callable[[Executor, analytics_db.Scope], Awaitable[list[dict[str, Any]]]]
-
-
-async def _cached(
-    request: web.Request, endpoint: str, query: AnalyticsQuery, compute: Compute
-) -> list[dict[str, Any]]:
-    """The answer from the shared cache, else computed and stored there. The current hour is
-    part of the key, so a cached series never lags a whole hour behind the clock."""
+async def snapshot(request: web.Request, query: AnalyticsQuery) -> dict[str, Any]:
+    """The snapshot of the workspace's window and server filter (gateway.db.analytics), from
+    the shared cache, else read now and stored there. The current hour is part of the key, so
+    a cached series never lags a whole hour behind the clock; `limit` is not (a snapshot keeps
+    as many top tools as any request may ask for)."""
     app = request.app
     workspace_id = request[PRINCIPAL].workspace_id
     window = analytics_db.Window.of_days(query.days, datetime.now(UTC))
-    params = ":".join(f"{name}={value}" for name, value in sorted(query.model_dump().items()))
-    key = f"analytics:{endpoint}:{workspace_id}:{window.last_hour:%Y%m%d%H}:{params}"
+    key = (
+        f"analytics:snapshot:{workspace_id}:{window.last_hour:%Y%m%d%H}:"
+        f"days={query.days}:server_id={query.server_id}"
+    )
     cache = app[SHARED_CACHE]
     try:
-        answer: list[dict[str, Any]] | None = await cache.get(key)
+        answer: dict[str, Any] | None = await cache.get(key)
     except _CACHE_ERRORS as exc:
         log.warning("analytics cache unavailable, computing instead: %s", exc)
         answer = None
     app[METRICS].cache_requests.inc("analytics", "miss" if answer is None else "hit")
     if answer is not None:
         return answer
-    answer = await compute(app[POOL], analytics_db.Scope(workspace_id, query.server_id, window))
+    async with app[POOL].acquire() as conn:
+        answer = await analytics_db.snapshot(
+            conn, analytics_db.Scope(workspace_id, query.server_id, window)
+        )
     try:
         await cache.set(key, answer, ttl=app[SETTINGS].analytics_cache_seconds)
     except _CACHE_ERRORS as exc:
@@ -118,10 +121,8 @@ async def _cached(
 async def top_tools(request: web.Request, query: TopToolsQuery) -> list[dict[str, Any]]:
     """Up to `limit` tools by `call_count`, highest first, ties by name; the calls of a tool on
     all servers (or on `server_id`) count together. Exact counts from the hourly rollups;
-    cached for GATEWAY_ANALYTICS_CACHE_SECONDS (300) per workspace and parameters."""
-    return await _cached(
-        request, "top-tools", query, functools.partial(analytics_db.top_tools, limit=query.limit)
-    )
+    cached for GATEWAY_ANALYTICS_CACHE_SECONDS (300) per workspace, days and server_id."""
+    return list((await snapshot(request, query))["top_tools"][: query.limit])
 
 
 @routes.get(
@@ -133,8 +134,8 @@ async def top_tools(request: web.Request, query: TopToolsQuery) -> list[dict[str
 async def error_rates(request: web.Request, query: AnalyticsQuery) -> list[dict[str, Any]]:
     """One item per hour of the window (days * 24), oldest first, hours without calls
     included. Exact counts from the hourly rollups; cached for GATEWAY_ANALYTICS_CACHE_SECONDS
-    (300) per workspace and parameters."""
-    return await _cached(request, "error-rates", query, analytics_db.error_rates)
+    (300) per workspace, days and server_id."""
+    return analytics_db.error_rates((await snapshot(request, query))["hourly"])
 
 
 @routes.get(
@@ -147,8 +148,8 @@ async def latency(request: web.Request, query: AnalyticsQuery) -> list[dict[str,
     """One item per hour of the window (days * 24), oldest first, null for hours without timed
     calls. Nearest-rank percentiles of the calls that reported `duration_ms`, read from hourly
     histograms: within 1% of the exact value, in ms with 2 decimals. Cached for
-    GATEWAY_ANALYTICS_CACHE_SECONDS (300) per workspace and parameters."""
-    return await _cached(request, "latency", query, analytics_db.latency)
+    GATEWAY_ANALYTICS_CACHE_SECONDS (300) per workspace, days and server_id."""
+    return list((await snapshot(request, query))["latency"])
 
 
 @routes.get(
@@ -160,5 +161,5 @@ async def latency(request: web.Request, query: AnalyticsQuery) -> list[dict[str,
 async def volume(request: web.Request, query: AnalyticsQuery) -> list[dict[str, Any]]:
     """One item per hour of the window (days * 24), oldest first, 0 for hours without calls.
     Exact counts from the hourly rollups; cached for GATEWAY_ANALYTICS_CACHE_SECONDS (300) per
-    workspace and parameters."""
-    return await _cached(request, "volume", query, analytics_db.volume)
+    workspace, days and server_id."""
+    return analytics_db.volume((await snapshot(request, query))["hourly"])

@@ -11,16 +11,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import mimetypes
-from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
 import aiohttp_jinja2
 import jinja2
 from aiohttp import web
-from markupsafe import Markup, escape
+from markupsafe import escape
 
-from gateway.dashboard import account, alerts, analytics, overview, servers, settings, tool_calls
+from gateway.dashboard import (
+    account,
+    alerts,
+    analytics,
+    filters,
+    overview,
+    servers,
+    settings,
+    tool_calls,
+)
 from gateway.dashboard.pages import render, secure
 from gateway.errors import ERROR_PAGE
 
@@ -49,7 +57,7 @@ def setup_dashboard(app: web.Application) -> None:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, ms=milliseconds, percent=percent, number=number)
+    env.filters.update(filters.FILTERS)
     for module in PAGE_MODULES:
         app.router.add_routes(module.pages.routes)
     app.router.add_get("/static/{name}", _static_handler())
@@ -104,35 +112,3 @@ def _static_handler() -> Any:
         return response
 
     return static
-
-
-# -- template filters -------------------------------------------------------------------------
-
-_NONE = "\u2013"  # an en dash: no value
-
-
-def when(moment: datetime | None) -> Markup:
-    """A time in UTC, which static/app.js shows in the browser's time zone."""
-    if moment is None:
-        return Markup('<span class="muted">never</span>')
-    utc = moment.astimezone(UTC)
-    return Markup(f'<time datetime="{utc.isoformat()}">{utc.strftime("%Y-%m-%d %H:%M")} UTC</time>')
-
-
-def milliseconds(value: float | None) -> str:
-    if value is None:
-        return _NONE
-    if value >= 10_000:
-        return f"{value / 1000:.1f} s"
-    if value >= 100:
-        return f"{value:,.0f} ms"
-    return f"{value:.1f} ms".replace(".0 ms", " ms")
-
-
-def percent(value: float | None, digits: int = 1) -> str:
-    """A fraction 0..1 as a percentage."""
-    return _NONE if value is None else f"{value * 100:.{digits}f} %"
-
-
-def number(value: float | None) -> str:
-    return _NONE if value is None else f"{value:,.0f}"

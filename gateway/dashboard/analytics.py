@@ -1,5 +1,7 @@
 """Analytics: top tools, error rate, latency percentiles and volume over 1, 7 or 30 days, for
-the workspace or one server (the API's cached answers from the hourly rollups)."""
+the workspace or one server. Every panel reads the one snapshot the API's endpoints answer
+from (gateway.api.analytics.snapshot), so the cards, the charts and the top tools count the
+same calls."""
 
 from __future__ import annotations
 
@@ -10,14 +12,16 @@ from aiohttp import web
 
 from gateway.api import analytics as analytics_api
 from gateway.api import servers as servers_api
-from gateway.api.analytics import AnalyticsQuery, TopToolsQuery
+from gateway.api.analytics import AnalyticsQuery
 from gateway.api.servers import ServerQuery
 from gateway.dashboard import charts
-from gateway.dashboard.pages import FormInvalid, Pages, call, validated
+from gateway.dashboard.pages import FormInvalid, Pages, authorize, call, validated
+from gateway.db import analytics as analytics_db
 
 pages = Pages()
 
 DAYS = (1, 7, 30)
+TOP_TOOLS = 10
 
 
 def _hour(value: datetime | str) -> datetime:
@@ -41,14 +45,16 @@ async def analytics(request: web.Request) -> dict[str, Any]:
     except FormInvalid as exc:
         context["errors"] = exc.errors
         return context
-    top = await call(
-        request, analytics_api.top_tools, query=TopToolsQuery(**query.model_dump(), limit=10)
-    )
-    rates = await call(request, analytics_api.error_rates, query=query)
-    latency = await call(request, analytics_api.latency, query=query)
-    hours = [_hour(item["hour"]) for item in rates]
-    counts = [item["call_count"] for item in rates]
-    errors = [round(item["error_rate"] * item["call_count"]) for item in rates]
+    # The endpoints' own access rule; then one snapshot for every panel of the page.
+    await authorize(request, analytics_api.volume)
+    snapshot = await analytics_api.snapshot(request, query)
+    top = snapshot["top_tools"][:TOP_TOOLS]
+    hourly = snapshot["hourly"]
+    rates = analytics_db.error_rates(hourly)
+    latency = snapshot["latency"]
+    hours = [_hour(item["hour"]) for item in hourly]
+    counts = [item["call_count"] for item in hourly]
+    errors = [item["error_count"] for item in hourly]
     total = sum(counts)
     span = f"last {query.days * 24} hours" if query.days == 1 else f"last {query.days} days"
     context.update(
@@ -56,6 +62,9 @@ async def analytics(request: web.Request) -> dict[str, Any]:
         span=span,
         top=top,
         top_max=max((t["call_count"] for t in top), default=0),
+        # The calls of the tools past the first TOP_TOOLS, so the table adds up to the total.
+        other_calls=total - sum(t["call_count"] for t in top),
+        other_errors=sum(errors) - sum(t["error_count"] for t in top),
         total=total,
         error_total=sum(errors),
         error_rate=sum(errors) / total if total else None,

@@ -2,14 +2,18 @@
 
 Colours come from classes styled in static/app.css (the CSP allows no inline style); every
 chart has a text alternative, and each bar or point a <title> that browsers show on hover.
+A line needs two points: with fewer, a chart says "not enough data yet" rather than showing
+a lonely dot that reads as a stray mark.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from markupsafe import Markup, escape
+
+NOT_ENOUGH = "not enough data yet"
 
 # The drawing's own coordinates; CSS scales it to the width available.
 _WIDTH = 720.0
@@ -27,8 +31,8 @@ def _hour(moment: datetime) -> str:
 def sparkline(values: Sequence[float | None], *, label: str) -> Markup:
     """A small line of the values (gaps where None), scaled to their own range."""
     known = [v for v in values if v is not None]
-    if not known:
-        return Markup('<span class="muted">no data</span>')
+    if len(known) < 2:
+        return Markup(f'<span class="muted sparse" title="{escape(label)}">{NOT_ENOUGH}</span>')
     width, height = 120.0, 28.0
     low, high = min(known), max(known)
     span = (high - low) or 1.0
@@ -86,12 +90,17 @@ def bars(
 
 def lines(
     hours: Sequence[datetime],
-    series: dict[str, Sequence[float | None]],
+    series: Mapping[str, Sequence[float | None]],
     *,
     label: str,
     unit: str = "",
 ) -> Markup:
     """Several series over the same hours (the first one drawn first), gaps where None."""
+    if sum(any(v[i] is not None for v in series.values()) for i in range(len(hours))) < 2:
+        return Markup(
+            f'<p class="chart chart-sparse" role="img" aria-label="{escape(label)}">'
+            f"{NOT_ENOUGH}: a line needs two hours with values</p>"
+        )
     known = [v for values in series.values() for v in values if v is not None]
     top = max(known, default=0) or 1.0
     step = _WIDTH / max(len(hours) - 1, 1)

@@ -1,5 +1,5 @@
-"""The overview: is anything wrong? Servers and their health, the last day's calls and errors,
-open alerts."""
+"""The overview: is anything wrong? A verdict first, then servers and their health, the last
+day's calls and errors, open alerts."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from gateway.api.health import SummaryQuery
 from gateway.api.models import ServerStatus
 from gateway.api.servers import ServerQuery
 from gateway.dashboard import charts
+from gateway.dashboard.filters import percent, plural
 from gateway.dashboard.pages import Pages, call
 from gateway.dashboard.sessions import SESSION
 from gateway.db import alerts as alerts_db
@@ -24,6 +25,42 @@ from gateway.keys import POOL
 pages = Pages()
 
 _PROBLEMS = ("down", "degraded")
+
+# The verdict asks for attention when this share of the last 24 hours' calls failed or more:
+# where the Error rate figure turns amber, and the threshold the alert rule form suggests
+# (0.05). One failed call of two counts too: an error rate is worth a look however few calls.
+ERROR_RATE_ATTENTION = 0.05
+
+
+def verdict(
+    counts: dict[str, int], incidents: int, calls: int, errors: int
+) -> dict[str, Any] | None:
+    """The banner: `level` bad (anything wrong: a server down or degraded, an alert firing,
+    the error rate at ERROR_RATE_ATTENTION or more), waiting (nothing wrong, but servers not
+    probed yet) or good, and what it is based on. None without servers or calls."""
+    rate = errors / calls if calls else None
+    problems = []
+    if counts["down"]:
+        problems.append(f"{plural(counts['down'], 'server')} down")
+    if counts["degraded"]:
+        problems.append(f"{plural(counts['degraded'], 'server')} degraded")
+    if incidents:
+        problems.append(f"{plural(incidents, 'alert')} firing")
+    if rate is not None and rate >= ERROR_RATE_ATTENTION:
+        problems.append(f"{percent(rate)} of calls failed ({errors:,} of {calls:,})")
+    if problems:
+        return {"level": "bad", "title": "Needs attention", "reasons": problems}
+    if not sum(counts.values()) and not calls:
+        return None
+    if counts["unknown"]:
+        waiting = f"{plural(counts['unknown'], 'server')} not probed yet"
+        return {"level": "waiting", "title": "Waiting", "reasons": [waiting]}
+    reasons = [
+        "no server down or degraded",
+        "no alert firing",
+        f"{percent(rate)} of calls failed" if rate is not None else "no calls yet",
+    ]
+    return {"level": "good", "title": "All clear", "reasons": reasons}
 
 
 @pages.get("/", "overview.html")
@@ -40,10 +77,10 @@ async def overview(request: web.Request) -> dict[str, Any]:
     last_day = analytics_db.Scope(
         workspace_id, None, analytics_db.Window.of_days(1, datetime.now(UTC))
     )
-    hourly = await analytics_db.error_rates(request.app[POOL], last_day)
+    hourly = await analytics_db.hourly_counts(request.app[POOL], last_day)
     incidents = await alerts_db.open_incidents(request.app[POOL], workspace_id)
     calls = sum(h["call_count"] for h in hourly)
-    errors = sum(round(h["error_rate"] * h["call_count"]) for h in hourly)
+    errors = sum(h["error_count"] for h in hourly)
     counts = dict.fromkeys(get_args(ServerStatus), 0)
     for server in servers:
         counts[server["status"]] += 1
@@ -54,9 +91,10 @@ async def overview(request: web.Request) -> dict[str, Any]:
         )
     return {
         "section": "overview",
+        "verdict": verdict(counts, len(incidents), calls, errors),
+        "error_rate_attention": ERROR_RATE_ATTENTION,
         "servers": sorted(servers, key=lambda s: (s["status"] not in _PROBLEMS, s["name"])),
         "counts": counts,
-        "troubled": counts["down"] + counts["degraded"],
         "incidents": incidents,
         "calls": calls,
         "errors": errors,
@@ -65,7 +103,7 @@ async def overview(request: web.Request) -> dict[str, Any]:
             [h["call_count"] for h in hourly], label="calls per hour, last 24 hours"
         ),
         "error_line": charts.sparkline(
-            [h["error_rate"] if h["call_count"] else None for h in hourly],
+            [h["error_count"] / h["call_count"] if h["call_count"] else None for h in hourly],
             label="error rate per hour, last 24 hours",
         ),
     }

@@ -6,6 +6,10 @@ are written in the calls' own transactions, so counts are exact: tool_call_hourl
 latency_hourly (one merged histogram per hour of the workspace or of one server) for latency.
 Percentiles are nearest-rank, read from those histograms (within 1% of the exact value, see
 gateway/histograms.py).
+
+Every page and endpoint reads one snapshot of a scope (`snapshot`): its queries run in one
+repeatable-read transaction, so the top tools, the hourly counts and the latency all count the
+same calls, even while new ones land.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from typing import Any
 
 from gateway.db.histograms import percentiles
 from gateway.db.rollups import floor_hour
-from gateway.db.types import Executor
+from gateway.db.types import Connection, Executor
 
 PERCENTILES = (0.5, 0.95, 0.99)
+# A snapshot keeps this many top tools: the most GET /analytics/top-tools may ask for.
+TOP_TOOLS_KEPT = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,28 +89,55 @@ WHERE scope = $1 AND workspace_id = $2 AND hour BETWEEN $3 AND $4
 """
 
 
-async def top_tools(db: Executor, scope: Scope, limit: int) -> list[dict[str, Any]]:
+async def snapshot(conn: Connection, scope: Scope) -> dict[str, Any]:
+    """What the analytics show of a scope, JSON-ready: `top_tools` (the TOP_TOOLS_KEPT most
+    called), `hourly` (call_count and error_count of every hour of the window) and `latency`
+    (p50_ms, p95_ms, p99_ms of every hour). Read in one snapshot of the database: a batch of
+    calls written meanwhile is in all three or in none."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        return {
+            "top_tools": await _top_tools(conn, scope, TOP_TOOLS_KEPT),
+            "hourly": await hourly_counts(conn, scope),
+            "latency": await _latency(conn, scope),
+        }
+
+
+def volume(hourly: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The call count of each hour of a snapshot's `hourly`."""
+    return [{"hour": h["hour"], "call_count": h["call_count"]} for h in hourly]
+
+
+def error_rates(hourly: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The error rate (0..1, 0.0 for an hour without calls) of each hour of a snapshot's
+    `hourly`."""
+    return [
+        {
+            "hour": h["hour"],
+            "error_rate": h["error_count"] / h["call_count"] if h["call_count"] else 0.0,
+            "call_count": h["call_count"],
+        }
+        for h in hourly
+    ]
+
+
+async def hourly_counts(db: Executor, scope: Scope) -> list[dict[str, Any]]:
+    """The `hourly` part of a snapshot alone (one query: consistent by itself)."""
+    counts = await _hourly_counts(db, scope)
+    return _series(
+        scope.window,
+        counts,
+        lambda c: {"call_count": c[0], "error_count": c[1]},
+        {"call_count": 0, "error_count": 0},
+    )
+
+
+async def _top_tools(db: Executor, scope: Scope, limit: int) -> list[dict[str, Any]]:
     where, args = scope.where()
     rows = await db.fetch(_TOP_TOOLS.format(where=where, limit=len(args) + 1), *args, limit)
     return [dict(row) for row in rows]
 
 
-async def volume(db: Executor, scope: Scope) -> list[dict[str, Any]]:
-    counts = await _hourly_counts(db, scope)
-    return _series(scope.window, counts, lambda c: {"call_count": c[0]}, {"call_count": 0})
-
-
-async def error_rates(db: Executor, scope: Scope) -> list[dict[str, Any]]:
-    counts = await _hourly_counts(db, scope)
-    return _series(
-        scope.window,
-        counts,
-        lambda c: {"error_rate": c[1] / c[0] if c[0] else 0.0, "call_count": c[0]},
-        {"error_rate": 0.0, "call_count": 0},
-    )
-
-
-async def latency(db: Executor, scope: Scope) -> list[dict[str, Any]]:
+async def _latency(db: Executor, scope: Scope) -> list[dict[str, Any]]:
     rows = await db.fetch(
         _LATENCY,
         scope.server_id or scope.workspace_id,

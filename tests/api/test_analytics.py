@@ -1,5 +1,6 @@
 """/analytics: figures checked against exact ones computed here from the ingested raw calls;
-the window, validation, tenant isolation, the response cache, the writer-kept latency
+the window, validation, tenant isolation, the response cache (one snapshot that every endpoint
+reads, so they agree with each other), the writer-kept latency
 histograms (also after a server is deleted), and `rollups rebuild` of every rollup table."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import asyncpg
 
+from gateway.caching.shared import SHARED_CACHE
 from gateway.db.histograms import latency_bucket
 from gateway.db.rollups import floor_hour, rebuild
 from gateway.keys import POOL
@@ -68,7 +70,6 @@ async def test_figures_equal_those_of_the_raw_calls(make_api: AppFactory) -> Non
 
 async def test_defaults_and_validation(api: Api) -> None:
     _, key, servers = await workspace(api)
-    assert len(await analytics(api, key, "volume")) == 7 * 24  # days defaults to 7
     assert await analytics(api, key, "top-tools", days=1) == []
     names = [f"tool-{i:03}" for i in range(120)]
     now = iso(datetime.now(UTC))
@@ -80,6 +81,7 @@ async def test_defaults_and_validation(api: Api) -> None:
     await post_calls(api, key, calls)
     top = await analytics(api, key, "top-tools")
     assert len(top) == 10  # limit defaults to 10
+    assert len(await analytics(api, key, "volume")) == 7 * 24  # days defaults to 7
     assert [t["call_count"] for t in top] == [3] * 10
     assert [t["tool_name"] for t in top] == [n for i, n in enumerate(names) if i % 3 == 2][:10]
     assert len(await analytics(api, key, "top-tools", limit=100)) == 100
@@ -138,7 +140,7 @@ async def same_hour(fn: Any) -> Any:
     raise AssertionError("the hour changed twice")
 
 
-async def test_answers_are_cached_per_workspace_and_parameters(api: Api) -> None:
+async def test_answers_are_cached_per_workspace_window_and_server(api: Api) -> None:
     owner, key, servers = await workspace(api)
     now = datetime.now(UTC)
 
@@ -159,11 +161,53 @@ async def test_answers_are_cached_per_workspace_and_parameters(api: Api) -> None
         # Within the time to live: the same answers, for a token of the workspace as well.
         for endpoint in ENDPOINTS:
             assert await analytics(api, owner, endpoint, days=1) == first[endpoint]
-        # Other parameters are other answers, computed now.
-        top = await analytics(api, key, "top-tools", days=1, limit=5)
+        # Another limit reads the same snapshot: the same calls, however many tools are shown.
+        assert await analytics(api, key, "top-tools", days=1, limit=5) == first["top-tools"]
+        # Another window or server is another snapshot, read now.
+        top = await analytics(api, key, "top-tools", days=7, limit=5)
         assert [t["tool_name"] for t in top] == ["b", "a"]
         volume = await analytics(api, key, "volume", days=1, server_id=servers[0])
         assert volume[-1]["call_count"] == 4
+
+    await same_hour(scenario)
+
+
+async def test_every_endpoint_counts_the_same_calls(make_api: AppFactory) -> None:
+    """Cached or not, right after new calls land: the top tools, the hourly volume and the
+    hourly error rates of a window add up to the same calls (one snapshot behind them all)."""
+    api = await make_api(analytics_cache_seconds=60)
+    _, key, servers = await workspace(api)
+    now = datetime.now(UTC)
+    batch = [
+        {"server_id": servers[i % 2], "tool_name": f"t{i % 4}", "status": status,
+         "duration_ms": 5 * i, "created_at": iso(now - timedelta(minutes=i))}
+        for i, status in enumerate(["success", "error", "success"] * 4)
+    ]  # fmt: skip
+
+    async def agree(server_id: str | None) -> int:
+        params: dict[str, Any] = {"days": 1, "limit": 100}
+        if server_id is not None:
+            params["server_id"] = server_id
+        top = await analytics(api, key, "top-tools", **params)
+        del params["limit"]
+        volume = await analytics(api, key, "volume", **params)
+        rates = await analytics(api, key, "error-rates", **params)
+        total: int = sum(t["call_count"] for t in top)
+        assert total == sum(v["call_count"] for v in volume) == sum(r["call_count"] for r in rates)
+        errors = sum(t["error_count"] for t in top)
+        assert errors == sum(round(r["error_rate"] * r["call_count"]) for r in rates)
+        return total
+
+    async def scenario() -> None:
+        await post_calls(api, key, batch)
+        assert await agree(None) == 12
+        # New calls land: the cached snapshot still agrees with itself, for every endpoint.
+        await post_calls(api, key, batch)
+        assert await agree(None) == 12
+        assert await agree(servers[0]) == 12  # a filter first asked for now: its half of all 24
+        # Once the cached snapshot is gone (its time to live past), the window shows them.
+        await api.app[SHARED_CACHE].clear()
+        assert await agree(None) == 24
 
     await same_hour(scenario)
 

@@ -296,7 +296,7 @@ async def test_an_event_page_lists_its_notifications_and_their_attempts(
     assert page.has('<span class="badge delivery-delivered">delivered</span>')
     assert page.has("HTTP 503: receiver says no") and page.has("HTTP 200")
     assert page.has("Next attempt") and page.has("Delivered")
-    assert page.text.count('<td class="num">1</td>') == 2  # one attempt each
+    assert page.text.count('<td data-label="#" class="num">1</td>') == 2  # one attempt each
 
 
 async def test_events_filter_and_come_in_pages_of_fifty(

@@ -239,7 +239,7 @@ async def test_probe_now_shows_the_probe(
     browser = await browser_for(owner)
     await browser.get(f"/servers/{healthy}")
     page = await browser.post(f"/servers/{healthy}/probe", expect=200)
-    assert page.has("1 probes stored") and page.has("healthy")
+    assert page.has("1 probe stored") and page.has("healthy")
     await browser.get(f"/servers/{down}")
     page = await browser.post(f"/servers/{down}/probe", expect=200)
     assert page.has("down") and page.has("connection refused")  # the probe's error, shown

@@ -100,3 +100,24 @@ async def test_one_calls_details_and_other_workspaces_calls(
         assert (await browser.get(path, expect=404)).has("tool call not found")
     # And another workspace's calls are not in this log.
     assert rows((await browser.get("/tool-calls")).text) == 1
+
+
+async def test_the_list_shows_the_time_zone_the_filters_take(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    """UTC on both sides, labelled: a call listed at 10:30 UTC is found from 10:30 on and not
+    from 10:31 on."""
+    owner, key, first, _ = await arrange(api, db)
+    moment = datetime.now(UTC).replace(hour=10, minute=30, second=0, microsecond=0)
+    moment -= timedelta(days=1)
+    await ingest(api, key, first, 1, created_at=moment.isoformat())
+    browser = await browser_for(owner)
+    page = await browser.get("/tool-calls")
+    assert page.has("From (UTC)") and page.has("To (UTC)")
+    assert page.has(f">{moment:%Y-%m-%d %H:%M} UTC</time>")
+    assert rows((await browser.get(f"/tool-calls?start={moment:%Y-%m-%dT%H:%M}")).text) == 1
+    later = moment + timedelta(minutes=1)
+    assert rows((await browser.get(f"/tool-calls?start={later:%Y-%m-%dT%H:%M}")).text) == 0
+    # A call's page says UTC too.
+    call_id = re.findall(r'<a href="/tool-calls/([0-9a-f-]{36})">', page.text)[0]
+    assert (await browser.get(f"/tool-calls/{call_id}")).has(f"{moment:%Y-%m-%d %H:%M} UTC")

@@ -2,18 +2,6 @@
 "use strict";
 
 document.addEventListener("DOMContentLoaded", () => {
-  // Times are rendered in UTC; show them in the browser's time zone.
-  const format = new Intl.DateTimeFormat(undefined, {
-    year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
-  });
-  for (const node of document.querySelectorAll("time[datetime]")) {
-    const moment = new Date(node.getAttribute("datetime"));
-    if (!Number.isNaN(moment.getTime())) {
-      node.title = node.textContent;
-      node.textContent = format.format(moment);
-    }
-  }
-
   // The workspace switcher switches as soon as another workspace is chosen.
   for (const select of document.querySelectorAll("select[data-autosubmit]")) {
     select.addEventListener("change", () => select.form.submit());
