@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx2
@@ -18,10 +21,13 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from gateway.api.discovery import NO_OAUTH
+from gateway.app import create_app
+from gateway.config import Settings
 from gateway.dashboard.connect import KEY_PLACEHOLDER, snippets
 from tests.helpers.api import Api
 from tests.helpers.npx import npx_for
 from tests.helpers.proxying import ACCEPT, arrange, logged_calls, rpc
+from tests.helpers.upstreams import free_port
 
 SAY_WHAT_TO_SEND = "send your API key as 'Authorization: Bearer mcpg_…' or 'X-API-Key: mcpg_…'"
 
@@ -197,3 +203,50 @@ async def test_a_browser_client_may_read_the_discovery_answer(api: Api) -> None:
 async def test_other_unknown_pages_stay_pages(api: Api) -> None:
     status, kind, _, _ = await outside_the_api(api, "GET", "/.well-known/security.txt")
     assert (status, kind) == (404, "text/html")
+
+
+# -- the README's curl session -----------------------------------------------------------------
+
+
+def readme_session() -> str:
+    """The bash block of the README's "Connecting an agent" section."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Connecting an agent", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+async def test_the_readmes_curl_session_runs_as_written(
+    settings: Settings,
+    aiohttp_client: Callable[..., Awaitable[Any]],
+    db: asyncpg.Connection,
+    sdk_stateful: str,
+) -> None:
+    """Against a gateway whose PUBLIC_URL is its own address, with the README's example server
+    replaced by an official SDK server: every step answers, and the call is logged."""
+    if shutil.which("curl") is None:
+        pytest.skip("needs curl (apt-get install curl)")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    app = create_app(settings.replace(public_url=base))
+    await aiohttp_client(app, server_kwargs={"port": port})
+    script = readme_session()
+    assert "GW=http://127.0.0.1:8080\n" in script and "https://mcp.example.com/mcp" in script
+    script = script.replace("GW=http://127.0.0.1:8080\n", f"GW={base}\n")
+    script = script.replace("https://mcp.example.com/mcp", sdk_stateful)
+    process = await asyncio.create_subprocess_exec(
+        "bash",
+        "-euo",
+        "pipefail",
+        "-c",
+        script,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    output = out.decode()
+    assert process.returncode == 0, err.decode()[-3000:]
+    # tools/list, then the tools/call's result, each an SSE event from the SDK server.
+    assert '"name":"add"' in output
+    assert '"structuredContent":{"result":42}' in output
+    [row] = await logged_calls(db, 1)
+    assert (row["tool_name"], row["status"]) == ("add", "success")
