@@ -26,6 +26,7 @@ from gateway.api import servers as servers_api
 from gateway.api import tool_calls as tool_calls_api
 from gateway.api import tools as tools_api
 from gateway.api import workspaces as workspaces_api
+from gateway.api.discovery import setup_discovery
 from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.api.routing import ENDPOINTS, mount
 from gateway.background import alert_evaluator, api_key_usage, notifier, prober, retention
@@ -205,6 +206,7 @@ def create_app(settings: Settings) -> web.Application:
     app[ENDPOINTS] = endpoints
     app[OPENAPI_DOCUMENT] = openapi.build_document(endpoints, service_version())
     openapi.add_docs_static(app)
+    setup_discovery(app)
     setup_dashboard(app)
     setup_readiness(app)
     app.cleanup_ctx.extend(

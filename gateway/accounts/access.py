@@ -17,6 +17,7 @@ from gateway.db import api_keys as api_keys_db
 from gateway.db import memberships as memberships_db
 from gateway.errors import Forbidden, NotFound, Unauthorized
 from gateway.policy.rules import KeyRules
+from gateway.security.api_keys import KEY_PREFIX
 from gateway.security.tokens import InvalidToken, hash_token, read_access_token
 
 
@@ -47,6 +48,9 @@ class Access:
     # What an API key does here: reads, or uses the workspace's servers (the proxy, ingestion).
     # Access alike today; named apart so that a key's rights can tell them apart.
     key_right: str = ""
+    # Said after a 401's reason: what to send instead. MCP clients show the detail as it is,
+    # so their endpoints name the API key's headers (and not the API's access tokens).
+    hint: str = ""
 
 
 # Anyone; credentials, if sent, are ignored (the OpenAPI document and the docs page).
@@ -58,6 +62,13 @@ USER = Access()
 READ = Access(min_role=Role.MEMBER, api_key=True, key_right="read")
 # The proxy and tool-call ingestion: what an API key may do beyond reading.
 USE = Access(min_role=Role.MEMBER, api_key=True, key_right="use")
+# The MCP endpoints: USE, with a 401 that tells an MCP client's user what to send.
+MCP = Access(
+    min_role=Role.MEMBER,
+    api_key=True,
+    key_right="use",
+    hint="send your API key as 'Authorization: Bearer mcpg_…' or 'X-API-Key: mcpg_…'",
+)
 ADMIN = Access(min_role=Role.ADMIN)
 WS_MEMBER = Access(min_role=Role.MEMBER, path_workspace=True)
 WS_ADMIN = Access(min_role=Role.ADMIN, path_workspace=True)
@@ -78,6 +89,9 @@ class Principal:
 PRINCIPAL = web.RequestKey("principal", Principal)
 
 API_KEY_HEADER = "X-API-Key"
+# An API key may also come as a bearer token: many MCP clients can set only that. Keys start
+# with KEY_PREFIX and access tokens (JWTs) never do, so the two cannot be mistaken.
+_BEARER_KEY = "Bearer " + KEY_PREFIX
 _KEY_REFUSED = "API keys cannot be used on this endpoint; log in instead"
 
 
@@ -131,8 +145,15 @@ class Authenticator:
         """As authenticate() for a cached API key (every proxied call of an agent), without a
         coroutine; else MISSING, and authenticate() decides."""
         headers = request.headers
-        raw_key = headers.get(API_KEY_HEADER)
-        if raw_key is None or "Authorization" in headers:
+        # A bearer credential comes first, as in authenticate().
+        raw_key = headers.get("Authorization")
+        if raw_key is None:
+            raw_key = headers.get(API_KEY_HEADER)
+            if raw_key is None:
+                return cast(Principal, MISSING)
+        elif raw_key.startswith(_BEARER_KEY):
+            raw_key = raw_key[7:]  # after "Bearer "
+        else:
             return cast(Principal, MISSING)
         principal = self.keys.peek(_key_hash(raw_key.strip()))
         if principal is MISSING:
@@ -140,29 +161,34 @@ class Authenticator:
         return self._key_principal(principal, access)
 
     async def authenticate(self, request: web.Request, access: Access) -> Principal:
+        """Who is calling: a bearer credential if there is one (an access token, or an API key
+        as a bearer token), else an X-API-Key; a 401 ends with what to send instead."""
         authorization = request.headers.get("Authorization")
         if authorization is not None:
             scheme, _, token = authorization.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise Unauthorized("Authorization header must be 'Bearer <access token>'")
-            return await self._user_principal(request, token.strip(), access)
+            token = token.strip()
+            if scheme.lower() != "bearer" or not token:
+                raise _refused("the Authorization header must be 'Bearer <token>'", access)
+            if token.startswith(KEY_PREFIX):
+                return await self._api_key(token, access)
+            return await self._user_principal(request, token, access)
         raw_key = request.headers.get(API_KEY_HEADER)
         if raw_key is not None:
-            key_hash = _key_hash(raw_key.strip())
-            # Every proxied call comes this way: a cached key costs no coroutine.
-            principal = self.keys.peek(key_hash)
-            if principal is MISSING:
-                principal = await self.keys.get(key_hash, lambda: self._load_key(key_hash))
-            return self._key_principal(principal, access)
-        raise Unauthorized(
-            "authentication required: send 'Authorization: Bearer <token>' or 'X-API-Key'"
-        )
+            return await self._api_key(raw_key.strip(), access)
+        raise _refused("authentication required", access)
+
+    async def _api_key(self, raw_key: str, access: Access) -> Principal:
+        key_hash = _key_hash(raw_key)
+        principal = self.keys.peek(key_hash)
+        if principal is MISSING:
+            principal = await self.keys.get(key_hash, lambda: self._load_key(key_hash))
+        return self._key_principal(principal, access)
 
     async def _user_principal(self, request: web.Request, token: str, access: Access) -> Principal:
         try:
             claims = read_access_token(self._jwt_secret, token)
         except InvalidToken as exc:
-            raise Unauthorized(str(exc)) from None
+            raise _refused(str(exc), access) from None
         workspace_id = claims.workspace_id
         if access.path_workspace:
             workspace_id = path_uuid(request, "workspace_id", "workspace")
@@ -185,7 +211,7 @@ class Authenticator:
 
     def _key_principal(self, principal: Principal | None, access: Access) -> Principal:
         if principal is None:
-            raise Unauthorized("invalid or revoked API key")
+            raise _refused("invalid or revoked API key", access)
         if not access.api_key:
             raise Forbidden(_KEY_REFUSED)
         # Governed access: a key without `read` reads nothing (the proxy checks `proxy`,
@@ -198,11 +224,35 @@ class Authenticator:
         return principal
 
 
+_HINT = "send 'Authorization: Bearer <access token>' or an API key as 'X-API-Key'"
+
+
+def _refused(reason: str, access: Access) -> Unauthorized:
+    """A 401 in one line: why, then what to send. Without credentials the API says how to
+    send them; otherwise only an endpoint with a hint of its own (the MCP endpoints) adds one."""
+    if access.hint:
+        # RFC 9110: a 401 names the scheme to use. OAuth's resource_metadata comes with OAuth.
+        return Unauthorized(f"{reason}: {access.hint}", headers={"WWW-Authenticate": "Bearer"})
+    if reason == "authentication required":
+        return Unauthorized(f"{reason}: {_HINT}")
+    return Unauthorized(reason)
+
+
 def refuse_api_key(request: web.Request, access: Access) -> None:
-    """On endpoints that need no credentials, an API key is still refused where keys may
-    not go, rather than silently ignored."""
-    if not access.api_key and API_KEY_HEADER in request.headers:
+    """On endpoints that need no credentials, an API key (in either header) is still refused
+    where keys may not go, rather than silently ignored."""
+    if access.api_key:
+        return
+    headers = request.headers
+    if API_KEY_HEADER in headers or _is_bearer_key(headers.get("Authorization")):
         raise Forbidden(_KEY_REFUSED)
+
+
+def _is_bearer_key(authorization: str | None) -> bool:
+    if authorization is None:
+        return False
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and token.strip().startswith(KEY_PREFIX)
 
 
 def path_uuid(request: web.Request, name: str, what: str) -> uuid.UUID:

@@ -21,7 +21,13 @@ _REF = "#/components/schemas/{model}"
 _UUID_SCHEMA = {"type": "string", "format": "uuid"}
 
 _SECURITY_SCHEMES = {
-    "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+    "bearer": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "an access token (a JWT from /auth/login or /auth/signup), or an API key "
+        "(`mcpg_…`): the prefix tells them apart, and a key sent this way is used as in "
+        "X-API-Key. When both headers come, the bearer one is used.",
+    },
     "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
 }
 
@@ -156,7 +162,10 @@ def build_document(endpoints: Iterable[Endpoint], version: str) -> dict[str, Any
             "version": version,
             "description": (
                 "Multi-tenant gateway and monitoring service for MCP servers. Every error is "
-                '`{"detail": "..."}`. Timestamps are ISO 8601 UTC; ids are UUIDs.'
+                '`{"detail": "..."}`. Timestamps are ISO 8601 UTC; ids are UUIDs. URLs the '
+                "gateway hands out (a server's `proxy_url`, invitation links) start with the "
+                "PUBLIC_URL setting: the address users and agents reach it at, behind any "
+                "reverse proxy (default `http://{GATEWAY_HOST}:{GATEWAY_PORT}`)."
             ),
         },
         "paths": paths,

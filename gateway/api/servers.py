@@ -28,13 +28,13 @@ from gateway.api.models import (
     any_case,
     refuse_literal_destination,
 )
-from gateway.api.routing import Routes, validation_detail
+from gateway.api.routing import API_PREFIX, Routes, validation_detail
 from gateway.background.prober import Prober
 from gateway.db import servers as servers_db
 from gateway.db.bounds import AtBound
 from gateway.errors import BoundReached, NotFound, ValidationFailed
 from gateway.keys import POOL, SETTINGS
-from gateway.proxy.handler import PROXYING
+from gateway.proxy.handler import PROXY_PATH, PROXYING
 from gateway.security.credentials import (
     REFUSED_HEADER_NAMES,
     REFUSED_HEADER_PREFIXES,
@@ -228,6 +228,23 @@ class ServerOut(Out):
     )
     created_at: datetime
     updated_at: datetime
+    proxy_url: str = Field(
+        description="the server's MCP endpoint for agents, through the gateway, with an API key "
+        "as `Authorization: Bearer mcpg_…` or `X-API-Key`. Absolute: it starts with the "
+        "PUBLIC_URL setting, the address users and agents reach the gateway at (default "
+        "`http://{GATEWAY_HOST}:{GATEWAY_PORT}`)"
+    )
+
+
+def proxy_url(base_url: str, server_id: object) -> str:
+    """The absolute URL agents use for a server: base_url is Settings.base_url (PUBLIC_URL)."""
+    return f"{base_url}{API_PREFIX}{PROXY_PATH.format(server_id=server_id)}"
+
+
+def _out(request: web.Request, server: dict[str, Any]) -> dict[str, Any]:
+    """A server as the API shows it: the stored row and its proxy URL."""
+    server["proxy_url"] = proxy_url(request.app[SETTINGS].base_url, server["id"])
+    return server
 
 
 def _credentials(auth_type: str | None, raw: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -263,7 +280,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 async def list_servers(request: web.Request, query: ServerQuery) -> list[dict[str, Any]]:
     """Ordered by name. Filters combine (AND). Without `limit`, every server up to
     1000; `limit` and `offset` page through them (still a plain array)."""
-    return await servers_db.list_servers(
+    servers = await servers_db.list_servers(
         request.app[POOL],
         request[PRINCIPAL].workspace_id,
         status=query.status,
@@ -272,6 +289,7 @@ async def list_servers(request: web.Request, query: ServerQuery) -> list[dict[st
         limit=query.limit,
         offset=query.offset,
     )
+    return [_out(request, server) for server in servers]
 
 
 @routes.post(
@@ -292,7 +310,7 @@ async def create_server(request: web.Request, body: ServerIn) -> dict[str, Any]:
     limit = request.app[SETTINGS].max_servers_per_workspace
     async with request.app[POOL].acquire() as conn:
         try:
-            return await servers_db.create(
+            created = await servers_db.create(
                 conn,
                 request[PRINCIPAL].workspace_id,
                 name=body.name,
@@ -309,6 +327,7 @@ async def create_server(request: web.Request, body: ServerIn) -> dict[str, Any]:
                 "GATEWAY_MAX_SERVERS_PER_WORKSPACE",
                 "delete one first",
             ) from None
+    return _out(request, created)
 
 
 @routes.get("/servers/{server_id}", summary="One server", access=READ, response=ServerOut)
@@ -316,7 +335,7 @@ async def get_server(request: web.Request, server_id: uuid.UUID) -> dict[str, An
     server = await servers_db.get(request.app[POOL], request[PRINCIPAL].workspace_id, server_id)
     if server is None:
         raise NotFound("server not found")
-    return server
+    return _out(request, server)
 
 
 @routes.patch(
@@ -364,7 +383,7 @@ async def update_server(
         server = await servers_db.update(conn, workspace_id, server_id, changes)
     assert server is not None  # locked above
     request.app[UPSTREAMS].forget(server_id)
-    return server
+    return _out(request, server)
 
 
 @routes.delete("/servers/{server_id}", summary="Delete a server and its history", access=ADMIN)

@@ -17,6 +17,7 @@ from gateway.api.health import ChecksQuery
 from gateway.api.models import ServerStatus
 from gateway.api.servers import ServerIn, ServerPatch, ServerQuery
 from gateway.api.tools import InvokeIn
+from gateway.dashboard.connect import connect_panel
 from gateway.dashboard.pages import (
     FormInvalid,
     Pages,
@@ -186,7 +187,12 @@ async def server_page(request: web.Request) -> dict[str, Any]:
     checks = await call(
         request, health_api.list_checks, query=ChecksQuery(server_id=server["id"], limit=20)
     )
-    return {"section": "servers", "server": server, "checks": checks}
+    return {
+        "section": "servers",
+        "server": server,
+        "checks": checks,
+        "connect": connect_panel(server["name"], server["proxy_url"]),
+    }
 
 
 @pages.post("/servers/{server_id}/probe")

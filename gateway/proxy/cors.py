@@ -18,7 +18,7 @@ ALLOW_HEADERS = (
 # On every answer of a proxy route to a request with an Origin, errors included.
 ANSWER_HEADERS = {
     "Access-Control-Allow-Origin": "*",
-    "Access-Control-Expose-Headers": "Mcp-Session-Id, Retry-After, Allow",
+    "Access-Control-Expose-Headers": "Mcp-Session-Id, Retry-After, Allow, WWW-Authenticate",
 }
 
 

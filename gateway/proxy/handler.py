@@ -24,7 +24,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from pydantic import Field
 
-from gateway.accounts.access import PRINCIPAL, USE, Access
+from gateway.accounts.access import MCP, PRINCIPAL, Access
 from gateway.api.models import Out
 from gateway.api.routing import Routes, read_bytes
 from gateway.caching.caches import MISSING
@@ -158,7 +158,7 @@ class _CallerLeft(Exception):
     "POST",
     PROXY_PATH,
     summary="Forward an MCP request to a registered server",
-    access=USE,
+    access=MCP,
     request_body=JsonRpcMessage,
     response=UpstreamReply,
     errors=(404, 408, 413, 415, 429, 502, 503, 504),
@@ -168,14 +168,14 @@ class _CallerLeft(Exception):
     "GET",
     PROXY_PATH,
     summary="Open the server-initiated SSE stream of an MCP session",
-    access=USE,
+    access=MCP,
     errors=(404, 415, 429, 502, 504),
 )
 @routes.route(
     "DELETE",
     PROXY_PATH,
     summary="End an MCP session on the server",
-    access=USE,
+    access=MCP,
     errors=(404, 415, 429, 502, 504),
 )
 async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamResponse:

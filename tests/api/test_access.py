@@ -376,6 +376,46 @@ async def test_every_endpoint_answers_every_kind_of_caller_as_the_table_says(api
     assert not wrong, "\n".join(wrong)
 
 
+async def test_an_api_key_as_a_bearer_token_answers_as_in_x_api_key(api: Api) -> None:
+    """`Authorization: Bearer mcpg_…` is the key column of the table, endpoint by endpoint:
+    clients that can send only a bearer token use API keys too."""
+    world = await build_world(api)
+    document = (await api.get("/openapi.json", expect=200)).body
+    wrong = []
+    for path, item in document["paths"].items():
+        for method in item:
+            template = path.removeprefix("/api/v1")
+            row = ROWS[(method.upper(), template)]
+            expected = row.expect[CALLERS.index("key")]
+            concrete = template.format(**await row.params(world, "key"))
+            payload = None if row.body is None else await row.body(world, "key")
+            bearer = {"Authorization": f"Bearer {world.key}"}
+            reply = await api.request(method.upper(), concrete, json=payload, headers=bearer)
+            if reply.status != expected:
+                wrong.append(f"{method} {template}: {reply.status} (expected {expected})")
+    assert not wrong, "\n".join(wrong)
+
+
+async def test_a_bearer_credential_wins_over_x_api_key(api: Api) -> None:
+    world = await build_world(api)
+    good, bad = world.key, "mcpg_" + "x" * 43
+    # The bearer key is the one used: a good one with a bad X-API-Key passes, and the reverse
+    # is refused, as when the bearer is an access token.
+    both = {"Authorization": f"Bearer {good}", "X-API-Key": bad}
+    await api.get("/servers", headers=both, expect=200)
+    both = {"Authorization": f"Bearer {bad}", "X-API-Key": good}
+    reply = await api.get("/servers", headers=both, expect=401)
+    assert reply.detail.startswith("invalid or revoked API key")
+    # A bearer key is still a key: refused where keys may not go, signing in included.
+    bearer = {"Authorization": f"Bearer {good}"}
+    reply = await api.get("/auth/me", headers=bearer, expect=403)
+    assert "API keys cannot be used" in reply.detail
+    login = {"email": world.owner.email, "password": world.password}
+    await api.post("/auth/login", json=login, headers=bearer, expect=403)
+    # Any case of the scheme, as for access tokens.
+    await api.get("/servers", headers={"Authorization": f"bearer  {good} "}, expect=200)
+
+
 async def test_another_workspace_cannot_see_or_touch_the_first(api: Api) -> None:
     """Tenant isolation: every id of one workspace is 404 to a user of another, never 403."""
     world = await build_world(api)

@@ -67,9 +67,34 @@ async def test_register_then_read_back(api: Api) -> None:
         "tools_changed_at": None,
         "created_at": created["created_at"],
         "updated_at": created["updated_at"],
+        "proxy_url": f"http://gateway.test/api/v1/proxy/{created['id']}/mcp",
     }
     assert (await api.get(f"/servers/{created['id']}", auth=admin, expect=200)).body == created
     assert (await api.get("/servers", auth=admin, expect=200)).body == [created]
+
+
+async def test_the_proxy_url_is_absolute_from_public_url(make_api: AppFactory) -> None:
+    """Agents are given the URL users reach the gateway at (PUBLIC_URL, a trailing slash
+    dropped), or http://GATEWAY_HOST:GATEWAY_PORT without it; every server object has it."""
+    behind_proxy = await make_api(public_url="https://mcp.example.org/")
+    admin = await behind_proxy.signup()
+    created = await register(behind_proxy, admin)
+    expected = f"https://mcp.example.org/api/v1/proxy/{created['id']}/mcp"
+    assert created["proxy_url"] == expected
+    path = f"/servers/{created['id']}"
+    assert (await behind_proxy.get(path, auth=admin, expect=200)).body["proxy_url"] == expected
+    [listed] = (await behind_proxy.get("/servers", auth=admin, expect=200)).body
+    assert listed["proxy_url"] == expected
+    patch = {"description": "moved"}
+    changed = (await behind_proxy.patch(path, json=patch, auth=admin, expect=200)).body
+    assert changed["proxy_url"] == expected
+    key = await behind_proxy.api_key(admin)
+    assert (await behind_proxy.get(path, auth=key, expect=200)).body["proxy_url"] == expected
+
+    by_default = await make_api(public_url=None, host="127.0.0.1", port=8123)
+    admin = await by_default.signup()
+    created = await register(by_default, admin)
+    assert created["proxy_url"] == f"http://127.0.0.1:8123/api/v1/proxy/{created['id']}/mcp"
 
 
 _INVALID_BODIES: list[tuple[dict[str, Any], str]] = [

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
-import shutil
 import time
 import uuid
 from typing import Any
@@ -21,6 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.calllog.writer import CALL_LOG
 from tests.helpers.api import Api, AppFactory
+from tests.helpers.npx import npx_for
 from tests.helpers.proxying import arrange, call, logged_calls, recorder, rpc, sdk_client
 from tests.helpers.upstreams import unused_url
 
@@ -97,27 +97,7 @@ INSPECTOR = "@modelcontextprotocol/inspector@2"  # 0.x has another CLI syntax
 
 
 async def inspector_reachable() -> str:
-    """npx, once the npm registry has answered for the Inspector; else the test skips. Without
-    the registry npx retries for minutes before failing, even with the package in its cache."""
-    npx, npm = shutil.which("npx"), shutil.which("npm")
-    if npx is None or npm is None:
-        pytest.skip("needs Node.js: install npm and npx (the MCP Inspector runs through npx)")
-    args = ["view", INSPECTOR, "version", "--fetch-retries=0", "--fetch-timeout=5000"]
-    process = await asyncio.create_subprocess_exec(
-        npm, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(), timeout=10)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        why = "no answer in 10 s"
-    else:
-        if process.returncode == 0:
-            return npx
-        errors = [line for line in out.decode(errors="replace").splitlines() if "error" in line]
-        why = errors[0] if errors else f"exit status {process.returncode}"
-    pytest.skip(f"needs the npm registry for the MCP Inspector (npm view {INSPECTOR}: {why})")
+    return await npx_for(INSPECTOR)
 
 
 async def test_mcp_inspector_cli(api: Api, db: asyncpg.Connection, sdk_stateful: str) -> None:
