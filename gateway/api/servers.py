@@ -24,7 +24,9 @@ from gateway.api.models import (
     Offset,
     Out,
     Query,
+    RateLimitText,
     ServerStatus,
+    ToolPatterns,
     any_case,
     refuse_literal_destination,
 )
@@ -166,6 +168,16 @@ def _credentials_follow_auth_type(schema: dict[str, Any]) -> None:
     ]
 
 
+_DISABLED_TOOLS = (
+    "tools nobody may call through the gateway (name globs, * and ?): a tools/call is refused "
+    "with 403 and a tools/list leaves them out"
+)
+_SERVER_RATE_LIMIT = (
+    "null: none; else at most this many tools/calls to the server from the workspace, every "
+    "caller together, e.g. '600/minute' (over it: 429)"
+)
+
+
 class ServerIn(Body):
     model_config = ConfigDict(json_schema_extra=_credentials_follow_auth_type)
 
@@ -177,6 +189,8 @@ class ServerIn(Body):
     auth_credentials: Credentials | None = Field(
         default=None, description="required when auth_type is set; never returned"
     )
+    disabled_tools: ToolPatterns = Field(default_factory=list, description=_DISABLED_TOOLS)
+    rate_limit: RateLimitText | None = Field(default=None, description=_SERVER_RATE_LIMIT)
 
 
 class ServerPatch(Body):
@@ -195,6 +209,10 @@ class ServerPatch(Body):
     tags: Tags | None = None
     auth_type: AuthType | None = None
     auth_credentials: Credentials | None = None
+    disabled_tools: ToolPatterns | None = Field(default=None, description=_DISABLED_TOOLS)
+    rate_limit: RateLimitText | None = Field(
+        default=None, description=f"{_SERVER_RATE_LIMIT}; send null to remove it"
+    )
 
 
 class ServerQuery(Query):
@@ -228,6 +246,8 @@ class ServerOut(Out):
     )
     created_at: datetime
     updated_at: datetime
+    disabled_tools: list[str] = Field(description=_DISABLED_TOOLS)
+    rate_limit: str | None = Field(description=_SERVER_RATE_LIMIT)
     proxy_url: str = Field(
         description="the server's MCP endpoint for agents, through the gateway, with an API key "
         "as `Authorization: Bearer mcpg_…` or `X-API-Key`. Absolute: it starts with the "
@@ -319,6 +339,8 @@ async def create_server(request: web.Request, body: ServerIn) -> dict[str, Any]:
                 tags=body.tags,
                 auth_type=body.auth_type,
                 credentials=_seal(request, credentials),
+                disabled_tools=body.disabled_tools,
+                rate_limit=body.rate_limit,
                 limit=limit,
             )
         except AtBound:
@@ -379,6 +401,9 @@ async def update_server(
             set_auth=set_auth,
             auth_type=new_type,
             credentials=_seal(request, credentials),
+            disabled_tools=body.disabled_tools,
+            set_rate_limit="rate_limit" in body.model_fields_set,
+            rate_limit=body.rate_limit,
         )
         server = await servers_db.update(conn, workspace_id, server_id, changes)
     assert server is not None  # locked above

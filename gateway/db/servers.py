@@ -41,6 +41,10 @@ class ServerChanges:
     set_auth: bool = False
     auth_type: str | None = None
     credentials: bytes | None = None
+    disabled_tools: list[str] | None = None
+    # With set_rate_limit, rate_limit replaces the stored one (None removes it).
+    set_rate_limit: bool = False
+    rate_limit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +63,8 @@ class SealedCredentials:
 
 _COLUMNS = """
 id, name, url, description, tags, auth_type, credentials IS NOT NULL AS has_credentials,
-status, last_checked_at, last_latency_ms, tool_count, tools_changed_at, created_at, updated_at
+status, last_checked_at, last_latency_ms, tool_count, tools_changed_at, created_at, updated_at,
+disabled_tools, rate_limit
 """
 
 _UPSTREAM = """
@@ -70,8 +75,10 @@ FROM servers WHERE id = $1
 _COUNT = "SELECT count(*) FROM servers WHERE workspace_id = $1"
 
 _INSERT = f"""
-INSERT INTO servers (workspace_id, name, url, description, tags, auth_type, credentials)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO servers (
+    workspace_id, name, url, description, tags, auth_type, credentials, disabled_tools, rate_limit
+)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING {_COLUMNS}
 """
 
@@ -97,6 +104,8 @@ UPDATE servers SET
     tags = coalesce($6, tags),
     auth_type = CASE WHEN $7 THEN $8 ELSE auth_type END,
     credentials = CASE WHEN $7 THEN $9 ELSE coalesce($9, credentials) END,
+    disabled_tools = coalesce($10, disabled_tools),
+    rate_limit = CASE WHEN $11 THEN $12 ELSE rate_limit END,
     -- A new address or new credentials deserve a probe now rather than an interval later.
     next_probe_at = CASE WHEN coalesce($4, url) <> url OR $7 OR $9 IS NOT NULL
                          THEN now() ELSE next_probe_at END,
@@ -182,12 +191,23 @@ async def create(
     auth_type: str | None,
     credentials: bytes | None,
     limit: int,
+    disabled_tools: list[str] | None = None,
+    rate_limit: str | None = None,
 ) -> dict[str, Any]:
     """A new server, unless the workspace already holds `limit` of them (AtBound)."""
     async with conn.transaction():
         await make_room(conn, workspace_id, _COUNT, limit)
         row = await conn.fetchrow(
-            _INSERT, workspace_id, name, url, description, tags, auth_type, credentials
+            _INSERT,
+            workspace_id,
+            name,
+            url,
+            description,
+            tags,
+            auth_type,
+            credentials,
+            disabled_tools or [],
+            rate_limit,
         )
     assert row is not None
     return dict(row)
@@ -247,6 +267,9 @@ async def update(
         changes.set_auth,
         changes.auth_type,
         changes.credentials,
+        changes.disabled_tools,
+        changes.set_rate_limit,
+        changes.rate_limit,
     )
     return None if row is None else dict(row)
 

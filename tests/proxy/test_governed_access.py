@@ -142,3 +142,43 @@ async def test_a_key_without_rules_goes_through_untouched(
     status, body, _ = await post(setup, setup.key, rpc("tools/list"))
     assert status == 200
     assert "cacheScope" not in body["result"]
+
+
+async def server_rules(setup: Setup, **rules: Any) -> None:
+    await setup.api.patch(f"/servers/{setup.server_id}", json=rules, auth=setup.owner, expect=200)
+
+
+async def test_a_disabled_tool_is_refused_to_keys_and_members_and_left_out_of_lists(
+    api: Api, db: asyncpg.Connection, sdk_stateless: str
+) -> None:
+    setup = await arrange(api, db, sdk_stateless)
+    await server_rules(setup, disabled_tools=["fa*"])
+    status, body, _ = await post(setup, setup.key, call("fail", rid=5))
+    assert (status, body["error"]["code"]) == (403, -32003)
+    assert body["error"]["message"].endswith("tool 'fail' is disabled on this server")
+    # A member signed in with a JWT is refused alike.
+    as_member = await setup.api.post(
+        setup.path, json=call("fail"), auth=setup.owner, headers={"Accept": ACCEPT}
+    )
+    assert as_member.status == 403
+    status, body, _ = await post(setup, setup.key, rpc("tools/list"))
+    assert status == 200
+    assert "fail" not in {tool["name"] for tool in body["result"]["tools"]}
+    assert body["result"]["cacheScope"] == "private"
+    rows = await logged_calls(db, 2)
+    assert {r["error_message"] for r in rows} == {"refused: tool 'fail' is disabled on this server"}
+
+
+async def test_the_server_s_limit_counts_every_caller_together(
+    api: Api, db: asyncpg.Connection, sdk_stateless: str
+) -> None:
+    setup = await arrange(api, db, sdk_stateless)
+    other_key = await scoped_key(setup)
+    await server_rules(setup, rate_limit="3/hour")
+    statuses = [
+        (await post(setup, key, call("add", rid=i, a=1, b=1)))[0]
+        for i, key in enumerate([setup.key, other_key, setup.key, other_key])
+    ]
+    assert statuses == [200, 200, 200, 429]
+    await server_rules(setup, rate_limit=None)
+    assert (await post(setup, other_key, call("add", a=1, b=1)))[0] == 200
