@@ -81,7 +81,7 @@ async def _get_json(url: str, proc: asyncio.subprocess.Process) -> dict[str, obj
 @pytest.mark.parametrize(
     ("command", "env", "message"),
     [
-        ("migrate", {"GATEWAY_PORT": "eighty"}, "GATEWAY_PORT: expected a whole number"),
+        ("migrate", {"GATEWAY_PORT": "eighty"}, "GATEWAY_PORT: expected a port from 1 to 65535"),
         ("serve", {"DATABASE_URL": "mysql://db/x"}, "DATABASE_URL: expected a URL"),
         (
             "serve",
