@@ -129,7 +129,7 @@ def _why(exc: BaseException) -> str:
         return f"no answer within {_CONNECT_SECONDS:.0f} s"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
-    if isinstance(exc, ValueError) and not isinstance(exc, asyncpg.PostgresError):
+    if isinstance(exc, ValueError):
         return f"the URL cannot be read ({exc})"
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
