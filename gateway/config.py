@@ -89,6 +89,8 @@ class Settings:
     metrics_dir: Path | None = None
     # Label the proxy's request counter with server ids (fine for tens of servers, not more).
     metrics_per_server: bool = False
+    # One log line per HTTP request (gateway.ops.access_log): off, it costs nothing per request.
+    access_log: bool = False
     # What one workspace may create or hold open (gateway/quotas in docs/SECURITY.md): so that
     # with open signup, where everyone owns a workspace, no tenant can exhaust the others.
     max_servers_per_workspace: int = 500
@@ -156,10 +158,17 @@ def _positive_float(raw: str) -> float:
     return value
 
 
-def _port(raw: str) -> int:
-    value = _positive_int(raw)
-    if value > 65535:
-        raise ValueError(f"not a TCP port: {value}")
+def parse_port(raw: str) -> int:
+    """A TCP port to listen on. 0 (any free port) is refused: the port a gateway listens on is
+    where its users, its PUBLIC_URL and its workers find it, so it is chosen, not drawn."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"expected a port from 1 to 65535, got {raw!r}") from None
+    if value == 0:
+        raise ValueError("expected a port from 1 to 65535, got 0 (any free port is not offered)")
+    if not 1 <= value <= 65535:
+        raise ValueError(f"expected a port from 1 to 65535, got {value}")
     return value
 
 
@@ -225,10 +234,16 @@ def _flag(raw: str) -> bool:
     raise ValueError(f"expected true or false, got {raw!r}")
 
 
-def _workers(raw: str) -> int:
+def parse_workers(raw: str) -> int:
     if raw.strip() == "auto":
         return os.cpu_count() or 1
-    return _positive_int(raw)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"expected a number of processes or auto, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"expected a number of processes (at least 1) or auto, got {value}")
+    return value
 
 
 _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -238,7 +253,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "SMTP_URL": ("smtp_url", _url("smtp", "smtps")),
     "GATEWAY_DATA_DIR": ("data_dir", lambda raw: Path(raw).expanduser()),
     "GATEWAY_HOST": ("host", str),
-    "GATEWAY_PORT": ("port", _port),
+    "GATEWAY_PORT": ("port", parse_port),
     "GATEWAY_JWT_SECRET": ("jwt_secret", _jwt_secret),
     "GATEWAY_SECRET_KEYS": ("secret_keys", _secret_keys),
     "GATEWAY_ACCESS_TOKEN_TTL_SECONDS": ("access_token_ttl_seconds", _positive_int),
@@ -269,8 +284,9 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_OUTBOUND_ALLOW": ("outbound_allow", _networks),
     "GATEWAY_TRUSTED_PROXIES": ("trusted_proxies", _networks),
     "GATEWAY_RUN_WORKERS": ("run_workers", _flag),
-    "GATEWAY_WORKERS": ("workers", _workers),
+    "GATEWAY_WORKERS": ("workers", parse_workers),
     "GATEWAY_METRICS_PER_SERVER": ("metrics_per_server", _flag),
+    "GATEWAY_ACCESS_LOG": ("access_log", _flag),
     "GATEWAY_MAX_SERVERS_PER_WORKSPACE": ("max_servers_per_workspace", _positive_int),
     "GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE": ("max_alert_rules_per_workspace", _positive_int),
     "GATEWAY_MAX_API_KEYS_PER_WORKSPACE": ("max_api_keys_per_workspace", _positive_int),

@@ -32,6 +32,7 @@ def test_defaults() -> None:
     assert settings.analytics_cache_seconds == 300
     assert settings.data_dir == Path.home() / ".local/share/mcp-gateway"
     assert settings.base_url == "http://127.0.0.1:8080"
+    assert settings.access_log is False
 
 
 def test_every_variable_is_read() -> None:
@@ -57,6 +58,8 @@ def test_every_variable_is_read() -> None:
         "GATEWAY_ANALYTICS_CACHE_SECONDS": "120",
         "GATEWAY_PROXY_TIMEOUT_SECONDS": "90",
         "GATEWAY_RUN_WORKERS": "false",
+        "GATEWAY_ACCESS_LOG": "true",
+        "GATEWAY_WORKERS": "3",
     }
     settings = Settings.from_env(env)
     assert settings.database_url == env["DATABASE_URL"]
@@ -79,7 +82,14 @@ def test_every_variable_is_read() -> None:
     assert settings.analytics_cache_seconds == 120
     assert settings.proxy_timeout_seconds == 90
     assert settings.run_workers is False
+    assert settings.access_log is True
+    assert settings.workers == 3
     assert set(env) <= set(ENV_VARIABLES)
+
+
+@pytest.mark.parametrize(("raw", "port"), [("1", 1), ("8080", 8080), ("65535", 65535)])
+def test_a_port_is_1_to_65535(raw: str, port: int) -> None:
+    assert Settings.from_env({"GATEWAY_PORT": raw}).port == port
 
 
 def test_empty_values_mean_the_default() -> None:
@@ -97,6 +107,11 @@ def test_empty_values_mean_the_default() -> None:
         ("GATEWAY_PORT", "http"),
         ("GATEWAY_PORT", "70000"),
         ("GATEWAY_PORT", "0"),
+        ("GATEWAY_PORT", "-5"),
+        ("GATEWAY_PORT", "65536"),
+        ("GATEWAY_WORKERS", "many"),
+        ("GATEWAY_WORKERS", "0"),
+        ("GATEWAY_ACCESS_LOG", "loud"),
         ("GATEWAY_JWT_SECRET", "too-short"),
         ("GATEWAY_SECRET_KEYS", "not-a-fernet-key"),
         ("GATEWAY_ACCESS_TOKEN_TTL_SECONDS", "15m"),

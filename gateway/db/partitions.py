@@ -153,7 +153,8 @@ async def create_days(conn: Connection, days: Iterable[datetime]) -> list[str]:
     finally:
         await conn.execute(_UNLOCK, CREATE_LOCK_KEY)
     if created:
-        log.info("created tool_calls partitions %s", ", ".join(created))
+        # Routine (a month of them on a first start, then one a day): not for the start-up log.
+        log.debug("created %d tool_calls partitions: %s", len(created), ", ".join(created))
     return created
 
 

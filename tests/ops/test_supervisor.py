@@ -28,6 +28,8 @@ import aiohttp
 import asyncpg
 import pytest
 
+from gateway.config import Settings
+from gateway.ops.supervisor import Report, StartFailed, Supervisor
 from tests.helpers.alerting import receiver
 from tests.helpers.processes import SECRETS, environment
 from tests.helpers.upstreams import free_port
@@ -367,6 +369,63 @@ async def proxied_call(worker: Pinned, key: str, server_id: str, text: str) -> N
 # -- the tests -------------------------------------------------------------------------------
 
 
+async def test_the_parent_says_listening_only_once_every_worker_listens(
+    database_url: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = environment(DATABASE_URL=database_url, GATEWAY_RUN_WORKERS="false", **SECRETS)
+    args = [sys.executable, "-m", "gateway", "serve", "--workers", str(WORKERS)]
+    supervised = start([*args, "--port", str(port)], env, tmp_path / "gateway.log", port)
+    try:
+        await until(
+            lambda: "listening on" in supervised.log(), "listening", STARTUP_SECONDS, supervised
+        )
+        # Every worker listened before the line was written: all of them do now.
+        assert listeners(port) == WORKERS, supervised.log()
+        [line] = [line for line in supervised.log().splitlines() if "listening on" in line]
+        assert line.endswith(
+            f"listening on http://127.0.0.1:{port} with {WORKERS} worker processes "
+            "(Ctrl+C or SIGTERM stops it)"
+        ), line
+    finally:
+        await asyncio.to_thread(stop, supervised)
+    assert supervised.process.returncode == 0, supervised.log()
+
+
+def _reports_failure(settings: Settings, report: Report) -> None:
+    """A worker that cannot start (as when the port is taken)."""
+    report("failed", f"worker {settings.worker_id} cannot start")
+    raise SystemExit(1)
+
+
+def _listens(settings: Settings, report: Report) -> None:
+    """A worker that listens (it says so) until it is stopped."""
+    report("listening", f"http://127.0.0.1:{9000 + settings.worker_id}")
+    signal.pause()
+
+
+def test_a_worker_that_cannot_start_the_first_time_stops_them_all() -> None:
+    announced: list[str] = []
+    supervisor = Supervisor(Settings(), WORKERS, _reports_failure, announced.append)
+    with pytest.raises(StartFailed, match=r"^worker \d cannot start$"):
+        supervisor.run()
+    assert announced == []
+    assert not [pid for pid in supervisor.pids() if alive(pid)]
+
+
+def test_the_parent_announces_once_when_every_worker_listens() -> None:
+    announced: list[str] = []
+
+    def announce(url: str) -> None:
+        announced.append(url)
+        os.kill(os.getpid(), signal.SIGTERM)  # the parent's handler: stop the workers
+
+    supervisor = Supervisor(Settings(), WORKERS, _listens, announce)
+    supervisor.run()
+    assert len(announced) == 1 and re.fullmatch(r"http://127\.0\.0\.1:900\d", announced[0])
+    assert not [pid for pid in supervisor.pids() if alive(pid)]
+
+
 async def test_two_workers_share_one_port_and_every_invalidation(
     gateway: Supervised, sdk_json_url: str
 ) -> None:
@@ -606,6 +665,14 @@ async def test_a_killed_worker_is_replaced_and_sigterm_stops_all_after_draining(
         assert code == 0, gateway.log()
         assert not [pid for pid in replaced.values() if alive(pid)], gateway.log()
         assert "received SIGTERM: stopping 2 workers" in gateway.log()
+        # Each worker says what it drains, and the parent when all are done.
+        for worker_id in (1, 2):
+            assert re.search(
+                rf"worker {worker_id} INFO gateway: received SIGTERM: stopping; draining "
+                r"\d+ open connections \(\d+ proxied requests in flight\) and \d+ queued",
+                gateway.log(),
+            ), gateway.log()
+        assert gateway.log().rstrip().endswith("mcp-gateway stopped"), gateway.log()
         # Nothing the workers answered was lost: each drained its call log before exiting.
         rows = await db.fetch(logged, uuid.UUID(server_id))
         assert [row["status"] for row in rows] == ["success", "success"]
