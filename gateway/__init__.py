@@ -14,16 +14,22 @@ notifications and apply retention, in the same event loop.
 
 The packages (each opens with its job):
 
-    proxy/       THE HOT PATH: handler, headers, admission, requests, replies, outcome, CORS
+    proxy/       THE HOT PATH: handler, headers, admission, requests, replies, outcome, CORS,
+                 and governing (the proxy's side of policy: refusals, cut tool lists)
+    policy/      governed access: rules (permissions, tool globs, rate limits), the
+                 decision per request (decisions), budgets shared by every process, and
+                 tools/list filtering (tool_lists)
     calllog/     the rows every producer writes (records) and the batched writer (writer)
     upstreams/   registered servers as reached at run time (servers), their tool lists
     accounts/    who is calling and what they may do (access), signup, rate limits, mailer
     caching/     in-process caches, the LISTEN loop that drops their entries, the shared cache
-    api/         /api/v1: routing, models, one module per resource, the OpenAPI document
-    dashboard/   the pages, their templates and static files
+    api/         /api/v1: routing, models, one module per resource, the OpenAPI document,
+                 and discovery (JSON answers where MCP clients look for OAuth)
+    dashboard/   the pages, their templates and static files, the template filters, and
+                 connect (the "Connect an agent" snippets)
     background/  the loops, each `async def run(app)`, started from one list in app.py
     ops/         serve --workers (supervisor), /healthz and /readyz (readiness), metrics
-                 and the worker snapshots a scrape adds up (snapshots)
+                 and the worker snapshots a scrape adds up (snapshots), the access log
     mcp/         the gateway's own MCP client: client, errors, headers, tool list budget, probe
     security/    passwords, tokens, key values, sealed credentials, the outbound address
                  policy, untrusted JSON Schemas checked in worker processes
@@ -41,6 +47,10 @@ Words:
 - A *worker* is a gateway process (`serve --workers N`, ops/supervisor); a *loop* is
   background work inside one (background/). GATEWAY_RUN_WORKERS says whether a process runs
   the loops.
+- A *rate limit* is a rule ("100/minute"); a *budget* is one window's allowance of calls
+  under it, shared by every process; a *lease* is the part of a budget one process holds.
+- A *refusal* is a request the rules stop before it is forwarded; its calls are logged with
+  an error message starting "refused:".
 - *Health* is an upstream's (probes, /health); *readiness* is this process's (/readyz).
 - A *tool call* is a row of the call log; a `tools/call` is the MCP request it records.
 - A *workspace* is a tenant: every row belongs to one, and every bound is counted per one.
