@@ -294,6 +294,9 @@ ROWS: dict[tuple[str, str], Row] = {
     ("POST", "/workspaces/{workspace_id}/api-keys"): R(
         (401, 403, 404, 403, 201, 201), params=workspace, body=body({"name": "k"})
     ),
+    ("PATCH", "/workspaces/{workspace_id}/api-keys/{key_id}"): R(
+        (401, 403, 404, 403, 200, 200), params=fresh_key, body=body({"rate_limit": "5/minute"})
+    ),
     ("DELETE", "/workspaces/{workspace_id}/api-keys/{key_id}"): R(
         (401, 403, 404, 403, 204, 204), params=fresh_key
     ),
@@ -435,6 +438,7 @@ async def test_another_workspace_cannot_see_or_touch_the_first(api: Api) -> None
         ("DELETE", f"{ws}/invites/{invite['invite_id']}", None),
         ("GET", f"{ws}/api-keys", None),
         ("POST", f"{ws}/api-keys", {"name": "stolen"}),
+        ("PATCH", f"{ws}/api-keys/{key['key_id']}", {"allowed_tools": ["*"]}),
         ("DELETE", f"{ws}/api-keys/{key['key_id']}", None),
     ]
     for method, path, payload in attempts:

@@ -29,6 +29,7 @@ BODIES: dict[str, Callable[[Ids], Any]] = {
     "InviteIn": lambda ids: {"email": "spy@example.com", "role": "admin"},
     "MemberPatch": lambda ids: {"role": "owner"},
     "ApiKeyIn": lambda ids: {"name": "stolen"},
+    "ApiKeyPatch": lambda ids: {"permissions": ["proxy"], "rate_limit": "1/day"},
     "ServerPatch": lambda ids: {"url": "http://127.0.0.1:9/stolen"},
     "InvokeIn": lambda ids: {"tool_name": "echo"},
     "RuleIn": lambda ids: {
