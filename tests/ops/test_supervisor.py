@@ -678,3 +678,84 @@ async def test_a_killed_worker_is_replaced_and_sigterm_stops_all_after_draining(
         assert [row["status"] for row in rows] == ["success", "success"]
     finally:
         await db.close()
+
+
+# -- rate limits across processes ------------------------------------------------------------
+
+
+LIMIT = 100
+ATTEMPTS = 300
+
+
+async def limited_key(worker: Pinned, owner: Owner) -> str:
+    # Per day: a window that does not end during the test (one ending mid-test would double
+    # the allowance; at midnight UTC the test may say so).
+    status, key = await worker.request(
+        "POST",
+        f"/api/v1/workspaces/{owner.workspace}/api-keys",
+        json={"name": "limited", "rate_limit": f"{LIMIT}/day"},
+        auth=owner.headers,
+    )
+    assert status == 201, key
+    raw: str = key["key"]
+    return raw
+
+
+async def admitted(workers: list[Pinned], key: str, server_id: str) -> Counter[int]:
+    """Statuses of ATTEMPTS tools/calls sent to the workers in turn."""
+    params = {"name": "add", "arguments": {"a": 1, "b": 2}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    headers = {"Accept": ACCEPT, "MCP-Protocol-Version": "2025-06-18"}
+    statuses: Counter[int] = Counter()
+    for attempt in range(ATTEMPTS):
+        status, _ = await workers[attempt % len(workers)].request(
+            "POST", f"/api/v1/proxy/{server_id}/mcp", json=body, auth=key, headers=headers
+        )
+        statuses[status] += 1
+    return statuses
+
+
+async def test_a_key_s_rate_limit_holds_across_both_workers_within_ten_percent(
+    gateway: Supervised, sdk_json_url: str
+) -> None:
+    async with one_per_worker(gateway.url) as workers:
+        owner = await owner_with_key(workers[1])
+        server_id = await register(workers[1], owner, sdk_json_url)
+        key = await limited_key(workers[1], owner)
+        statuses = await admitted(list(workers.values()), key, server_id)
+    assert set(statuses) <= {200, 429}, statuses
+    assert LIMIT * 0.9 <= statuses[200] <= LIMIT, statuses
+
+
+async def test_a_rate_limit_holds_across_two_gateways_on_one_database(
+    database_url: str, tmp_path: Path, sdk_json_url: str
+) -> None:
+    env = environment(
+        DATABASE_URL=database_url,
+        GATEWAY_DATA_DIR=str(tmp_path / "data"),
+        GATEWAY_AUTH_RATE_LIMIT="10000/minute",
+        GATEWAY_DB_ACQUIRE_TIMEOUT_SECONDS="30",
+        **SECRETS,
+    )
+    gateways = []
+    try:
+        for n in range(2):
+            port = free_port()
+            args = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1"]
+            gateways.append(start([*args, "--port", str(port)], env, tmp_path / f"{n}.log", port))
+        for one in gateways:
+            await until(lambda one=one: listeners(one.port) == 1, "listening", STARTUP_SECONDS, one)
+        first, second = await connect(gateways[0].url), await connect(gateways[1].url)
+        try:
+            owner = await owner_with_key(first)
+            server_id = await register(first, owner, sdk_json_url)
+            key = await limited_key(first, owner)
+            statuses = await admitted([first, second], key, server_id)
+        finally:
+            await first.session.close()
+            await second.session.close()
+    finally:
+        for one in gateways:
+            await asyncio.to_thread(stop, one)
+    assert set(statuses) <= {200, 429}, statuses
+    assert LIMIT * 0.9 <= statuses[200] <= LIMIT, statuses
