@@ -744,7 +744,8 @@ async def test_a_rate_limit_holds_across_two_gateways_on_one_database(
             args = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1"]
             gateways.append(start([*args, "--port", str(port)], env, tmp_path / f"{n}.log", port))
         for one in gateways:
-            await until(lambda one=one: listeners(one.port) == 1, "listening", STARTUP_SECONDS, one)
+            port = one.port
+            await until(lambda: listeners(port) == 1, "listening", STARTUP_SECONDS, one)
         first, second = await connect(gateways[0].url), await connect(gateways[1].url)
         try:
             owner = await owner_with_key(first)
