@@ -727,6 +727,10 @@ async def test_a_key_s_rate_limit_holds_across_both_workers_within_ten_percent(
     assert LIMIT * 0.9 <= statuses[200] <= LIMIT, statuses
 
 
+def listening_alone(port: int) -> Callable[[], bool]:
+    return lambda: listeners(port) == 1
+
+
 async def test_a_rate_limit_holds_across_two_gateways_on_one_database(
     database_url: str, tmp_path: Path, sdk_json_url: str
 ) -> None:
@@ -744,8 +748,7 @@ async def test_a_rate_limit_holds_across_two_gateways_on_one_database(
             args = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1"]
             gateways.append(start([*args, "--port", str(port)], env, tmp_path / f"{n}.log", port))
         for one in gateways:
-            port = one.port
-            await until(lambda: listeners(port) == 1, "listening", STARTUP_SECONDS, one)
+            await until(listening_alone(one.port), "listening", STARTUP_SECONDS, one)
         first, second = await connect(gateways[0].url), await connect(gateways[1].url)
         try:
             owner = await owner_with_key(first)
