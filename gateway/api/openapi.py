@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 from collections.abc import Iterable
 from http import HTTPStatus
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +224,12 @@ async def docs_page(request: web.Request) -> web.Response:
 def add_docs_static(app: web.Application) -> None:
     """Swagger UI's files (only those it ships, read from its package) and the script that
     starts it, each with DOCS_HEADERS."""
-    # swagger-ui-py ships Swagger UI 5, which reads OpenAPI 3.1 (older bundles cannot).
-    folder = Path(str(resources.files("swagger_ui").joinpath("static")))
+    # swagger-ui-py ships Swagger UI 5, which reads OpenAPI 3.1 (older bundles cannot). Its
+    # folder is found without importing the package, which would load PyYAML and urllib's
+    # client for nothing (a megabyte of every process).
+    spec = importlib.util.find_spec("swagger_ui")
+    assert spec is not None and spec.submodule_search_locations, "swagger-ui-py is installed"
+    folder = Path(spec.submodule_search_locations[0]) / "static"
     files = {path.name: path for path in folder.iterdir() if path.name.startswith("swagger-ui")}
 
     async def static(request: web.Request) -> web.StreamResponse:
