@@ -194,7 +194,15 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     more than 100 messages (-32600, HTTP 400); a request of a workspace that already has
     GATEWAY_MAX_STREAMS_PER_WORKSPACE requests (streams included) in flight in this process
     (429); calls the tool call log has no room for now (503): calls are never forwarded
-    unlogged."""
+    unlogged.
+
+    Governed access (docs/behaviour.md): an API key without the `proxy` permission, or whose
+    `allowed_servers` leave this server out, is 403 {"detail"} for every method; a `tools/call`
+    of a tool outside the key's `allowed_tools` or in the server's `disabled_tools` is 403 with
+    a JSON-RPC error -32003 to its id, and one over the key's or the server's `rate_limit` 429
+    with Retry-After and -32029; each refused call is logged (`error`, "refused: ..."). A
+    `tools/list` reply is cut to the tools the caller may call when a tool rule applies to it,
+    and marked `cacheScope: "private"`; every other reply passes byte for byte."""
     started = time.perf_counter()
     proxying = request.app[PROXYING]
     principal = request[PRINCIPAL]
