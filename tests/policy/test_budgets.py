@@ -100,3 +100,16 @@ async def test_while_the_store_is_away_each_process_counts_the_limit_alone(
         await unreachable.close()
     assert allowed == 100
     assert "each process counts its limits alone" in caplog.text
+
+
+async def test_while_redis_is_away_each_process_counts_the_limit_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = RedisBudgets(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway.policy.budgets"):
+            allowed = await spend([Budgets(store)], "key:f:hour", 150)
+    finally:
+        await store.close()
+    assert allowed == 100
+    assert "each process counts its limits alone" in caplog.text
