@@ -122,6 +122,24 @@ class Gateway:
             await conn.close()
         return server_id
 
+    async def govern(self, server_id: uuid.UUID) -> None:
+        """Give the bench key and server rules the bench's calls pass (governed access), so
+        their cost is measured: allowed tools, a rate limit no run reaches, a disabled tool."""
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.execute(
+                "UPDATE api_keys SET allowed_tools = '{echo,add}', "
+                "rate_limit = '999999999/minute' WHERE workspace_id = $1",
+                self.workspace_id,
+            )
+            await conn.execute(
+                "UPDATE servers SET disabled_tools = '{delete_*}', "
+                "rate_limit = '999999999/minute' WHERE id = $1",
+                server_id,
+            )
+        finally:
+            await conn.close()
+
     async def count_calls(self) -> int:
         conn = await asyncpg.connect(self.dsn)
         try:

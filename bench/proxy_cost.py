@@ -2,6 +2,7 @@
 
     python bench/proxy_cost.py [--runs 5] [--seconds 4]        # CPU µs per request under wrk c=64
     python bench/proxy_cost.py --callgrind [--requests 2000]   # instructions per request
+    python bench/proxy_cost.py --callgrind --governed          # with rules the calls pass
 
 Throughput on this VM drifts; these two do not, or much less, so they show whether a change to
 the hot path helps. The first runs the pass-through and the gateway of bench/proxy.py side by
@@ -75,7 +76,9 @@ async def send(url: str, key: str, count: int, concurrency: int = 16) -> None:
 
 
 @contextlib.contextmanager
-def targets(callgrind: str | None) -> Iterator[dict[str, tuple[str, str, int]]]:
+def targets(
+    callgrind: str | None, governed: bool = False
+) -> Iterator[dict[str, tuple[str, str, int]]]:
     """name -> (url, API key, pid) for the pass-through and the gateway, optionally each under
     callgrind (instrumentation off until switched on)."""
     grind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"] if callgrind else []
@@ -100,14 +103,16 @@ def targets(callgrind: str | None) -> Iterator[dict[str, tuple[str, str, int]]]:
         gateway(dsn, wrapper=[*grind, *out], startup_seconds=600) as gw,
     ):
         server_id = asyncio.run(gw.add_server(upstream))
+        if governed:
+            asyncio.run(gw.govern(server_id))
         yield {
             "pass-through": (f"http://127.0.0.1:{pass_port}/mcp", "", pass_pid),
             "gateway": (f"{gw.url}/api/v1/proxy/{server_id}/mcp", gw.key, gw.pid),
         }
 
 
-def cpu_per_request(runs: int, seconds: float) -> None:
-    with targets(None) as by_name:
+def cpu_per_request(runs: int, seconds: float, governed: bool) -> None:
+    with targets(None, governed) as by_name:
         for url, key, _ in by_name.values():
             wrk(url, 16, 2, key)  # warm-up
         costs: dict[str, list[float]] = {name: [] for name in by_name}
@@ -126,9 +131,9 @@ def cpu_per_request(runs: int, seconds: float) -> None:
     print(f"pass-through / gateway: {ratio:.3f}")
 
 
-def instructions_per_request(requests: int) -> None:
+def instructions_per_request(requests: int, governed: bool) -> None:
     out = f"/tmp/mcpg-callgrind-{os.getpid()}"
-    with targets(out) as by_name:
+    with targets(out, governed) as by_name:
         pids = {name: pid for name, (_, _, pid) in by_name.items()}
         for url, key, pid in by_name.values():
             asyncio.run(send(url, key, 300))  # warm-up
@@ -158,11 +163,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=4)
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument(
+        "--governed",
+        action="store_true",
+        help="the key and server with rules the calls pass (allowed tools, rate limits)",
+    )
     args = parser.parse_args()
     if args.callgrind:
-        instructions_per_request(args.requests)
+        instructions_per_request(args.requests, args.governed)
     else:
-        cpu_per_request(args.runs, args.seconds)
+        cpu_per_request(args.runs, args.seconds, args.governed)
 
 
 if __name__ == "__main__":
