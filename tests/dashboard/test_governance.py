@@ -172,3 +172,135 @@ async def test_members_see_no_scope_controls_and_their_posts_are_refused(
     page = await browser.post(edit, change, expect=403)
     page = await browser.post("/settings/api-keys", [("name", "mine")], expect=403)
     assert await keys_of(api, owner) == {"agent": before}
+
+
+async def server_of(api: Api, owner: Account, server_id: str) -> dict[str, Any]:
+    reply = await api.get(f"/servers/{server_id}", auth=owner, expect=200)
+    server: dict[str, Any] = reply.body
+    return server
+
+
+async def test_an_admin_disables_tools_with_the_picker_and_sets_a_rate_limit(
+    api: Api, browser_for: BrowserFactory, sdk_stateless: str
+) -> None:
+    owner = await api.org(await api.signup(), "Rules")
+    admin = await api.member(owner, "admin")
+    server_id = await add_server(api, owner, "sdk", sdk_stateless)
+    browser = await browser_for(admin)
+    page = await browser.get(f"/servers/{server_id}")
+    assert f'href="/servers/{server_id}/rules"' in page.text and page.has("Rate limit")
+    page = await browser.get(f"/servers/{server_id}/rules")
+    for tool in ("add", "echo", "fail", "slow"):
+        assert f'name="disabled_tool" value="{tool}">' in page.text, tool
+
+    page = await browser.post(
+        f"/servers/{server_id}/rules",
+        [
+            ("disabled_tool", "fail"),
+            ("disabled_tool", "add"),
+            ("disabled_patterns", "sl*\n\n fail \nnot_listed_yet"),
+            ("rate_limit", "50/minute"),
+        ],
+        expect=200,
+    )
+    assert page.url.endswith(f"/servers/{server_id}") and page.has("50/minute")
+    server = await server_of(api, owner, server_id)
+    assert server["disabled_tools"] == ["fail", "add", "sl*", "not_listed_yet"]
+    assert server["rate_limit"] == "50/minute"
+
+    # The form shows them again: listed names as checked boxes, the rest as lines.
+    page = await browser.get(f"/servers/{server_id}/rules")
+    assert 'value="fail" checked' in page.text and 'value="add" checked' in page.text
+    assert 'value="echo" checked' not in page.text
+    assert page.has(">sl*\nnot_listed_yet</textarea>") and page.has("disabled by a pattern")
+    assert 'value="50/minute"' in page.text
+
+    # The playground marks them, and calling one shows the refusal (logged as refused).
+    page = await browser.get(f"/servers/{server_id}/tools")
+    assert page.text.count('class="badge tool-disabled">disabled<') == 3  # add, fail, slow
+    page = await browser.post(
+        f"/servers/{server_id}/tools/invoke", {"tool_name": "fail", "arguments": "{}"}
+    )
+    assert page.status == 403 and 'role="alert"' in page.text
+    assert page.has("tool 'fail' is disabled on this server")
+    assert page.has("Call fail")  # the playground, not an error page
+    page = await browser.post(
+        f"/servers/{server_id}/tools/invoke", {"tool_name": "echo", "arguments": '{"text": "hi"}'}
+    )
+    assert page.status == 200 and page.has("call-success")
+    page = await browser.get("/tool-calls?refused=true")
+    assert page.has("call-refused") and page.has("fail") and not page.has(">echo<")
+
+    # Unchecking everything and emptying the fields removes the rules.
+    await browser.get(f"/servers/{server_id}/rules")
+    await browser.post(f"/servers/{server_id}/rules", [("rate_limit", "")], expect=200)
+    server = await server_of(api, owner, server_id)
+    assert server["disabled_tools"] == [] and server["rate_limit"] is None
+
+
+async def test_bad_tool_rules_are_shown_on_the_form_and_change_nothing(
+    api: Api, browser_for: BrowserFactory, sdk_stateless: str
+) -> None:
+    owner = await api.org(await api.signup(), "Rules")
+    server_id = await add_server(api, owner, "sdk", sdk_stateless)
+    await api.patch(
+        f"/servers/{server_id}",
+        json={"disabled_tools": ["fail"], "rate_limit": "5/second"},
+        auth=owner,
+        expect=200,
+    )
+    before = await server_of(api, owner, server_id)
+    browser = await browser_for(owner)
+    await browser.get(f"/servers/{server_id}/rules")
+    cases = [
+        ([("rate_limit", "fast")], "must be 'N/second', 'N/minute', 'N/hour' or 'N/day'"),
+        ([("disabled_patterns", "ok_*\nwrite_{a,b}")], "write_{a,b}: only * (any characters)"),
+        ([("disabled_tool", "x" * 300)], "at most 255 characters"),
+    ]
+    for fields, message in cases:
+        page = await browser.post(f"/servers/{server_id}/rules", fields)
+        assert page.status == 422 and page.has(message), (fields, page.text[-2000:])
+        assert 'aria-invalid="true"' in page.text
+        for name, value in fields:
+            if name != "disabled_tool":
+                assert page.has(value), (fields, value)  # as typed, ready to correct
+        assert await server_of(api, owner, server_id) == before
+
+
+async def test_a_server_whose_tools_cannot_be_read_gets_the_textarea(
+    api: Api, browser_for: BrowserFactory
+) -> None:
+    owner = await api.org(await api.signup(), "Rules")
+    server_id = await add_server(api, owner, "gone")  # nothing listens there
+    browser = await browser_for(owner)
+    page = await browser.get(f"/servers/{server_id}/rules")
+    assert page.has("The tool list could not be read") and 'name="disabled_tool"' not in page.text
+    await browser.post(
+        f"/servers/{server_id}/rules",
+        [("disabled_patterns", "drop_*\ndelete_all"), ("rate_limit", "1/day")],
+        expect=200,
+    )
+    server = await server_of(api, owner, server_id)
+    assert server["disabled_tools"] == ["drop_*", "delete_all"] and server["rate_limit"] == "1/day"
+    page = await browser.get(f"/servers/{server_id}/rules")
+    assert page.has(">drop_*\ndelete_all</textarea>")
+
+
+async def test_members_see_the_rules_but_cannot_change_them(
+    api: Api, browser_for: BrowserFactory, sdk_stateless: str
+) -> None:
+    owner = await api.org(await api.signup(), "Rules")
+    server_id = await add_server(api, owner, "sdk", sdk_stateless)
+    await api.patch(
+        f"/servers/{server_id}", json={"disabled_tools": ["fail"]}, auth=owner, expect=200
+    )
+    before = await server_of(api, owner, server_id)
+    browser = await browser_for(await api.member(owner, "member"))
+    page = await browser.get(f"/servers/{server_id}")
+    assert page.has("Disabled tools") and page.has("fail")
+    assert f"/servers/{server_id}/rules" not in page.text
+    await browser.get(f"/servers/{server_id}/rules", expect=403)
+    await browser.post(f"/servers/{server_id}/rules", [("rate_limit", "1/day")], expect=403)
+    page = await browser.get(f"/servers/{server_id}/tools")
+    assert page.has("disabled") and "/tools/invoke" not in page.text
+    assert await server_of(api, owner, server_id) == before
