@@ -287,6 +287,10 @@ CREATE INDEX tool_calls_caller_idx ON tool_calls (workspace_id, caller_agent, cr
     WHERE caller_agent IS NOT NULL;
 CREATE INDEX tool_calls_errors_idx ON tool_calls (workspace_id, created_at DESC, id DESC)
     WHERE status = 'error';
+-- The log's "refused" filter: refusals are few beside the calls, and the rollups do not
+-- count them, so its list and its exact total come from here.
+CREATE INDEX tool_calls_refused_idx ON tool_calls (workspace_id, created_at DESC, id DESC)
+    WHERE status = 'error' AND error_message LIKE 'refused:%';
 
 -- What the foreign key's cascade would do. The writer's FOR KEY SHARE lock makes a delete wait
 -- for a batch in flight, so the batch's rows are committed, and deleted here, before it ends.

@@ -118,6 +118,13 @@ class ToolCallQuery(Page):
     ] = None
     caller_agent: str | None = None
     status: Status | None = None
+    refused: Annotated[
+        bool | None,
+        Field(
+            description="true: only refusals (calls the gateway's rules stopped: status `error`, "
+            "`error_message` starting `refused:`); false: every call but them"
+        ),
+    ] = None
     start: Annotated[QueryTimestamp | None, Field(description="from this time on (inclusive)")] = (
         None
     )
@@ -260,7 +267,8 @@ def _stored(record: ToolCall, server_name: str) -> dict[str, Any]:
 )
 async def list_tool_calls(request: web.Request, query: ToolCallQuery) -> dict[str, Any]:
     """`tool_name` matches any part of the name, ignoring case; `start` and `end` bound
-    `created_at` (both inclusive; timestamps without an offset are UTC). `total` is exact.
+    `created_at` (both inclusive; timestamps without an offset are UTC); `refused` keeps or
+    leaves out the calls refused by key scopes, tool rules and rate limits. `total` is exact.
     Calls are listed while they are kept: from the start of the hour
     GATEWAY_TOOL_CALL_RETENTION_DAYS (30 by default) ago; an earlier `start` starts there."""
     # Whole days of calls are dropped some time after they expire, while their hourly rollups
@@ -274,6 +282,7 @@ async def list_tool_calls(request: web.Request, query: ToolCallQuery) -> dict[st
         tool_name=query.tool_name,
         caller_agent=query.caller_agent,
         status=query.status,
+        refused=query.refused,
         start=kept_since if query.start is None else max(query.start, kept_since),
         end=query.end,
     )

@@ -3,7 +3,7 @@ written one way on every page."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,10 +50,18 @@ def plural(count: int | None, singular: str, plural: str | None = None) -> str:
     return f"{number(count)} {noun}"
 
 
+def refusal(call: Mapping[str, Any]) -> bool:
+    """Whether a tool call is a refusal of the gateway's rules (as db.tool_calls.REFUSED
+    selects them): an error logged as "refused: ..."."""
+    message = call.get("error_message") or ""
+    return call.get("status") == "error" and message.startswith("refused:")
+
+
 FILTERS: dict[str, Callable[..., Any]] = {
     "when": when,
     "ms": milliseconds,
     "percent": percent,
     "number": number,
     "plural": plural,
+    "refusal": refusal,
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
@@ -229,6 +229,28 @@ def form(request: web.Request) -> MultiDictProxy[Any]:
 def field_text(request: web.Request, name: str) -> str:
     """A form field's text ("" when absent), as typed."""
     return _text(request[FORM].get(name)) or ""
+
+
+def field_values(request: web.Request, name: str) -> list[str]:
+    """Every value of a form field sent several times (checkboxes of one name), as typed."""
+    return [value for value in request[FORM].getall(name, []) if isinstance(value, str)]
+
+
+def field_errors(
+    errors: Mapping[str, str], items: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, str]:
+    """Errors by field, for a form that sends a list in one field: `allowed_tools.2` goes next
+    to `allowed_tools`, saying which of its `items` it is about (the item itself, as typed)."""
+    by_field: dict[str, str] = {}
+    for name, message in errors.items():
+        field, dot, index = name.partition(".")
+        if dot and index.isdigit():
+            values = (items or {}).get(field, ())
+            position = int(index)
+            about = values[position] if position < len(values) else f"item {position + 1}"
+            message = f"{about}: {message}"
+        by_field[field] = f"{by_field[field]} {message}" if field in by_field else message
+    return by_field
 
 
 def validated(model: type[pydantic.BaseModel], values: Mapping[str, Any]) -> Any:

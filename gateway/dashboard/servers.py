@@ -1,5 +1,6 @@
 """Servers: the registry with its filters, registering and editing (credentials go in, never
-come back out), a server's probes, and the tool playground."""
+come back out), a server's probes, its tool rules (disabled tools, rate limit), and the tool
+playground."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from gateway.dashboard.pages import (
     api_errors,
     authorize,
     call,
+    field_errors,
     field_text,
+    field_values,
     path_id,
     redirect,
     render,
@@ -178,6 +181,105 @@ async def _form_page(
     )
 
 
+# -- tool rules -------------------------------------------------------------------------------
+
+
+def _rules_form(request: web.Request) -> dict[str, Any]:
+    """The rules form as typed: tools checked in the picker, more patterns, the rate limit."""
+    return {
+        "picked": field_values(request, "disabled_tool"),
+        "patterns": field_text(request, "disabled_patterns"),
+        "rate_limit": field_text(request, "rate_limit"),
+    }
+
+
+def _disabled_tools(values: dict[str, Any]) -> list[str]:
+    """Each tool checked is its exact name as a pattern; the textarea holds one a line."""
+    typed = [line.strip() for line in values["patterns"].splitlines() if line.strip()]
+    return list(dict.fromkeys([*values["picked"], *typed]))
+
+
+def _rules_values(server: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stored rules as the form shows them: a pattern that is the name of a listed tool is
+    its checkbox, every other one (globs, tools no longer listed) a line of the textarea."""
+    names = {tool["name"] for tool in tools}
+    disabled = server["disabled_tools"]
+    return {
+        "picked": [p for p in disabled if p in names],
+        "patterns": "\n".join(p for p in disabled if p not in names),
+        "rate_limit": server["rate_limit"] or "",
+    }
+
+
+async def _tool_list(
+    request: web.Request, server_id: uuid.UUID
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The server's tools (the playground's cached list), or why it could not be read."""
+    try:
+        listing = await call(request, tools_api.list_tools, server_id=server_id)
+    except ApiError as exc:
+        if exc.status not in (429, 502, 504):  # the server's trouble, or a busy gateway
+            raise
+        return [], exc.detail
+    tools: list[dict[str, Any]] = listing["tools"]
+    return tools, None
+
+
+async def _rules_page(
+    request: web.Request,
+    server: dict[str, Any],
+    values: dict[str, Any] | None,
+    errors: dict[str, str],
+    status: int = 200,
+) -> web.StreamResponse:
+    tools, problem = await _tool_list(request, server["id"])
+    if values is not None:
+        # Tools checked on a list that cannot be read now: kept, as lines of the textarea.
+        names = {tool["name"] for tool in tools}
+        unseen = [name for name in values["picked"] if name not in names]
+        if unseen:
+            lines = [*unseen, *values["patterns"].splitlines()]
+            picked = [name for name in values["picked"] if name in names]
+            values = {**values, "picked": picked, "patterns": "\n".join(lines)}
+    context = {
+        "section": "servers",
+        "server": server,
+        "tools": tools,
+        "problem": problem,
+        "values": _rules_values(server, tools) if values is None else values,
+        "errors": errors,
+    }
+    return await render(request, "server_rules.html", context, status=status)
+
+
+@pages.get("/servers/{server_id}/rules")
+async def rules_form(request: web.Request) -> web.StreamResponse:
+    await authorize(request, servers_api.update_server)
+    return await _rules_page(request, await _server(request), None, {})
+
+
+@pages.post("/servers/{server_id}/rules")
+async def save_rules(request: web.Request) -> web.StreamResponse:
+    server_id = path_id(request, "server_id", "server")
+    await authorize(request, servers_api.update_server)
+    values = _rules_form(request)
+    patterns = _disabled_tools(values)
+    body = {"disabled_tools": patterns, "rate_limit": values["rate_limit"].strip() or None}
+    try:
+        patch = validated(ServerPatch, body)
+        await call(request, servers_api.update_server, server_id=server_id, body=patch)
+    except FormInvalid as exc:
+        errors = exc.errors
+    except ApiError as exc:
+        if exc.status not in (400, 422):
+            raise
+        errors = api_errors(exc)
+    else:
+        return redirect(f"/servers/{server_id}")
+    errors = field_errors(errors, {"disabled_tools": patterns})
+    return await _rules_page(request, await _server(request), values, errors, 422)
+
+
 # -- one server -------------------------------------------------------------------------------
 
 
@@ -218,6 +320,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     raw = field_text(request, "arguments").strip() or "{}"
     errors: dict[str, str] = {}
     outcome = None
+    refusal: ApiError | None = None
     try:
         # orjson: standard JSON only (no NaN), and a nesting limit instead of a RecursionError.
         arguments = orjson.loads(raw)
@@ -230,9 +333,15 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         except FormInvalid as exc:
             errors = exc.errors
         except ApiError as exc:
-            if exc.status != 422:
+            # The server's rules refused the call (a disabled tool, its rate limit): said on
+            # the tool's form. The role was checked above, so a 403 here is a refusal.
+            if exc.status in (403, 429):
+                refusal = exc
+                errors = {"": exc.detail}
+            elif exc.status == 422:
+                errors = api_errors(exc)
+            else:
                 raise
-            errors = api_errors(exc)
     # A schema's complaints name the argument (arguments.a): all of them go next to the field.
     about_arguments = [
         f"{k.removeprefix('arguments.')}: {v}" if k != "arguments" else v
@@ -250,7 +359,11 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         outcome_json=None if outcome is None else _pretty(outcome["result"]),
         errors=errors,
     )
-    return await render(request, "playground.html", context, status=422 if errors else 200)
+    status = refusal.status if refusal else 422 if errors else 200
+    response = await render(request, "playground.html", context, status=status)
+    if refusal is not None:
+        response.headers.update(refusal.headers)  # Retry-After
+    return response
 
 
 @pages.post("/servers/{server_id}/tools/refresh")

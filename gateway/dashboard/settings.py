@@ -1,4 +1,5 @@
-"""Workspace settings: the workspace itself, its members and invitations, its API keys."""
+"""Workspace settings: the workspace itself, its members and invitations, its API keys and
+what each may do (its scope)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,29 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from gateway.accounts.access import Role
+from gateway.api import servers as servers_api
 from gateway.api import workspaces as workspaces_api
-from gateway.api.workspaces import ApiKeyIn, InviteIn, MemberPatch, WorkspaceIn, WorkspacePatch
+from gateway.api.servers import ServerQuery
+from gateway.api.workspaces import (
+    ApiKeyIn,
+    ApiKeyPatch,
+    InviteIn,
+    MemberPatch,
+    WorkspaceIn,
+    WorkspacePatch,
+)
+from gateway.dashboard.filters import plural
 from gateway.dashboard.pages import (
+    ROLE,
     FormInvalid,
     Pages,
     api_errors,
     authorize,
     call,
+    field_errors,
     field_text,
+    field_values,
     path_id,
     redirect,
     render,
@@ -24,8 +39,9 @@ from gateway.dashboard.pages import (
 )
 from gateway.dashboard.sessions import SESSION
 from gateway.db import dashboard_sessions as sessions_db
-from gateway.errors import DUPLICATES, ApiError
+from gateway.errors import DUPLICATES, ApiError, NotFound
 from gateway.keys import POOL, SETTINGS
+from gateway.policy.rules import PERMISSIONS
 
 pages = Pages()
 
@@ -44,7 +60,7 @@ async def _context(
     *,
     failed: str = "",
     errors: dict[str, str] | None = None,
-    values: dict[str, str] | None = None,
+    values: dict[str, Any] | None = None,
     invite: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The settings page; `failed` names the form whose `errors` and typed `values` it shows
@@ -60,12 +76,17 @@ async def _context(
         item["invited_by_name"] = names.get(item["invited_by"])
     for item in api_keys:
         item["created_by_name"] = names.get(item["created_by"])
+        item["scope"] = scope_summary(item)
+    # The create form's server checkboxes: only admins see that form.
+    servers = await _servers(request) if request[ROLE].rank >= Role.ADMIN.rank else []
     return {
         "section": "settings",
         "workspace": workspace,
         "members": members,
         "invites": invites,
         "api_keys": api_keys,
+        "servers": servers,
+        "new_key": _NEW_KEY,
         "me": request[SESSION].user_id,
         "failed": failed,
         "errors": errors or {},
@@ -80,7 +101,7 @@ async def _refused(
     status: int,
     failed: str,
     errors: dict[str, str],
-    values: dict[str, str] | None = None,
+    values: dict[str, Any] | None = None,
 ) -> web.StreamResponse:
     """The settings page again, with why the form `failed` was refused."""
     context = await _context(request, failed=failed, errors=errors, values=values)
@@ -208,21 +229,183 @@ async def revoke_invite(request: web.Request) -> web.StreamResponse:
 async def create_api_key(request: web.Request) -> web.StreamResponse:
     workspace_id = _workspace_id(request)
     await authorize(request, workspaces_api.create_api_key, workspace_id=workspace_id)
-    values = {"name": field_text(request, "name")}
+    values = _key_form(request)
     try:
-        body = validated(ApiKeyIn, values)
+        body = validated(ApiKeyIn, _key_body(values))
         created = await call(
             request, workspaces_api.create_api_key, workspace_id=workspace_id, body=body
         )
     except FormInvalid as exc:
-        return await _refused(request, 422, "api_key", exc.errors, values)
+        return await _refused(request, 422, "api_key", _key_errors(exc.errors, values), values)
     except ApiError as exc:
-        if exc.status != 422:  # as many keys as a workspace may hold
+        # As many keys as a workspace may hold, or a server deleted since the page was shown.
+        if exc.status != 422:
             raise
-        return await _refused(request, 422, "api_key", api_errors(exc), values)
+        errors = _key_errors(api_errors(exc), values)
+        return await _refused(request, 422, "api_key", errors, values)
     # The raw key exists in this response only (stored as a hash): never behind a redirect.
     context = {"section": "settings", "api_key": created}
     return await render(request, "api_key_created.html", context, status=201)
+
+
+# -- an API key's scope -------------------------------------------------------------------------
+
+# The create form as it first shows: a key that may do everything, as the API's default.
+_NEW_KEY: dict[str, Any] = {
+    "name": "",
+    "scoped": True,
+    "permissions": list(PERMISSIONS),
+    "servers": "all",
+    "allowed_servers": [],
+    "allowed_tools": "",
+    "rate_limit": "",
+}
+
+
+def scope_summary(key: dict[str, Any]) -> str:
+    """What a key may do, in short: "proxy, read · 2 servers · read_* · 100/minute", or
+    "everything" for a key no rule restricts."""
+    parts = []
+    if set(key["permissions"]) != set(PERMISSIONS):
+        parts.append(", ".join(key["permissions"]) or "no permissions")
+    servers = key["allowed_servers"]
+    if servers is not None:
+        parts.append(plural(len(servers), "server") if servers else "no servers")
+    tools = key["allowed_tools"]
+    if tools is not None:
+        shown = ", ".join(tools[:3]) + (f" +{len(tools) - 3} more" if len(tools) > 3 else "")
+        parts.append(shown or "no tools")
+    if key["rate_limit"]:
+        parts.append(key["rate_limit"])
+    return " · ".join(parts) or "everything"
+
+
+def _key_form(request: web.Request) -> dict[str, Any]:
+    """A key form as typed (what it shows again when refused)."""
+    return {
+        "name": field_text(request, "name"),
+        # Unchecked boxes send nothing: the marker tells "no permission" from a form without
+        # the scope's fields (which keeps the API's defaults, or on an edit the stored scope).
+        "scoped": field_text(request, "scope") == "1",
+        "permissions": field_values(request, "permissions"),
+        "servers": "only" if field_text(request, "servers") == "only" else "all",
+        "allowed_servers": field_values(request, "allowed_servers"),
+        "allowed_tools": field_text(request, "allowed_tools"),
+        "rate_limit": field_text(request, "rate_limit"),
+    }
+
+
+def _key_body(values: dict[str, Any]) -> dict[str, Any]:
+    """A key form as the API's body. Empty means no restriction: every server (unless "only
+    these" is chosen, where none checked is none), every tool (one pattern a line), no rate
+    limit."""
+    if not values["scoped"]:
+        return {"name": values["name"]}
+    if values["servers"] == "all" and values["allowed_servers"]:
+        # Servers checked under "all servers" (the page's script unchecks them; without it):
+        # either reading could be wrong, and a key's reach is not for guessing.
+        raise FormInvalid(
+            {
+                "allowed_servers": 'servers are checked but "All servers" is chosen: choose '
+                '"Only the servers checked" to limit the key to them, or uncheck them'
+            }
+        )
+    return {
+        "name": values["name"],
+        "permissions": values["permissions"],
+        "allowed_servers": values["allowed_servers"] if values["servers"] == "only" else None,
+        "allowed_tools": _patterns(values["allowed_tools"]) or None,
+        "rate_limit": values["rate_limit"].strip() or None,
+    }
+
+
+def _patterns(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _key_errors(errors: dict[str, str], values: dict[str, Any]) -> dict[str, str]:
+    return field_errors(errors, {"allowed_tools": _patterns(values["allowed_tools"])})
+
+
+def _key_values(key: dict[str, Any]) -> dict[str, Any]:
+    """A stored key as its form shows it."""
+    return {
+        "name": key["name"],
+        "scoped": True,
+        "permissions": key["permissions"],
+        "servers": "all" if key["allowed_servers"] is None else "only",
+        "allowed_servers": [str(s) for s in key["allowed_servers"] or ()],
+        "allowed_tools": "\n".join(key["allowed_tools"] or ()),
+        "rate_limit": key["rate_limit"] or "",
+    }
+
+
+async def _servers(request: web.Request) -> list[dict[str, Any]]:
+    servers: list[dict[str, Any]] = await call(
+        request, servers_api.list_servers, query=ServerQuery()
+    )
+    return servers
+
+
+async def _api_key(request: web.Request, key_id: uuid.UUID) -> dict[str, Any]:
+    keys = await call(request, workspaces_api.list_api_keys, workspace_id=_workspace_id(request))
+    found: dict[str, Any] | None = next((key for key in keys if key["id"] == key_id), None)
+    if found is None:
+        raise NotFound("API key not found")
+    return found
+
+
+async def _key_page(
+    request: web.Request,
+    key: dict[str, Any],
+    values: dict[str, Any],
+    errors: dict[str, str],
+    status: int = 200,
+) -> web.StreamResponse:
+    context = {
+        "section": "settings",
+        "key": key,
+        "values": values,
+        "errors": errors,
+        "servers": await _servers(request),
+    }
+    return await render(request, "api_key_form.html", context, status=status)
+
+
+@pages.get("/settings/api-keys/{key_id}/edit")
+async def edit_api_key_form(request: web.Request) -> web.StreamResponse:
+    key_id = path_id(request, "key_id", "API key")
+    workspace_id = _workspace_id(request)
+    await authorize(request, workspaces_api.update_api_key, workspace_id=workspace_id)
+    key = await _api_key(request, key_id)
+    return await _key_page(request, key, _key_values(key), {})
+
+
+@pages.post("/settings/api-keys/{key_id}/edit")
+async def edit_api_key(request: web.Request) -> web.StreamResponse:
+    key_id = path_id(request, "key_id", "API key")
+    workspace_id = _workspace_id(request)
+    await authorize(request, workspaces_api.update_api_key, workspace_id=workspace_id)
+    values = _key_form(request)
+    try:
+        # Every field of the scope sent: what the form shows is what the key gets.
+        body = validated(ApiKeyPatch, _key_body(values))
+        await call(
+            request,
+            workspaces_api.update_api_key,
+            workspace_id=workspace_id,
+            key_id=key_id,
+            body=body,
+        )
+    except FormInvalid as exc:
+        errors = _key_errors(exc.errors, values)
+    except ApiError as exc:
+        if exc.status != 422:  # 404: revoked meanwhile, the error page says so
+            raise
+        errors = _key_errors(api_errors(exc), values)
+    else:
+        return redirect("/settings#api-keys")
+    return await _key_page(request, await _api_key(request, key_id), values, errors, 422)
 
 
 @pages.post("/settings/workspaces")

@@ -18,7 +18,7 @@ from gateway.keys import POOL
 
 pages = Pages()
 
-_FILTERS = ("server_id", "tool_name", "caller_agent", "status", "start", "end")
+_FILTERS = ("server_id", "tool_name", "caller_agent", "status", "refused", "start", "end")
 
 
 @pages.get("/tool-calls", "tool_calls.html")

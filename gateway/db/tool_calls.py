@@ -102,10 +102,18 @@ class Filters:
     tool_name: str | None = None
     caller_agent: str | None = None
     status: str | None = None
+    # True: refusals only (see REFUSED); False: every call but them.
+    refused: bool | None = None
     # Both bounds inclusive.
     start: datetime | None = None
     end: datetime | None = None
 
+
+# A call the rules stopped before forwarding it (gateway.policy). Literal, not a parameter: so
+# the planner matches it with the predicate of the partial index tool_calls_refused_idx.
+REFUSED = "status = 'error' AND error_message LIKE 'refused:%'"
+# NULL error messages make the plain negation NULL: those calls are not refusals.
+_NOT_REFUSED = f"NOT coalesce({REFUSED}, false)"
 
 _ITEM_COLUMNS = """
 c.id, c.server_id, s.name AS server_name, c.tool_name, c.caller_agent, c.status, c.duration_ms,
@@ -134,7 +142,9 @@ class _Sql:
         return f"${len(self.args)}"
 
 
-def _raw_conditions(sql: _Sql, workspace: str, filters: Filters, tools: str | None) -> list[str]:
+def _raw_conditions(
+    sql: _Sql, workspace: str, filters: Filters, tools: str | None, refused: bool | None
+) -> list[str]:
     conditions = [f"workspace_id = {workspace}"]
     if filters.server_id is not None:
         conditions.append(f"server_id = {sql.param(filters.server_id)}")
@@ -144,6 +154,8 @@ def _raw_conditions(sql: _Sql, workspace: str, filters: Filters, tools: str | No
         conditions.append(f"caller_agent = {sql.param(filters.caller_agent)}")
     if filters.status is not None:
         conditions.append(f"status = {sql.param(filters.status)}")
+    if refused is not None:
+        conditions.append(REFUSED if refused else _NOT_REFUSED)
     return conditions
 
 
@@ -193,7 +205,7 @@ async def _items(
     tools = None
     if tool_names is not None:
         tools = "n.name" if several else sql.param(tool_names[0])
-    conditions = _raw_conditions(sql, workspace, filters, tools)
+    conditions = _raw_conditions(sql, workspace, filters, tools, filters.refused)
     if filters.start is not None:
         conditions.append(f"created_at >= {sql.param(filters.start)}")
     if filters.end is not None:
@@ -228,16 +240,23 @@ async def _count(
 ) -> int:
     """Exact, without counting millions of rows: whole hours come from the rollups (written in
     the same transactions as the calls; tool_call_caller_hourly for a caller_agent filter), only
-    the partial hours at the edges of the range are counted row by row."""
+    the partial hours at the edges of the range are counted row by row. The rollups know
+    nothing of refusals: those are counted row by row over the whole range, on their partial
+    index (few beside the calls), and taken from the rollups' count for `refused` false."""
     sql = _Sql()
     workspace = sql.param(workspace_id)
     tools = None if tool_names is None else f"ANY({sql.param(tool_names)}::text[])"
     raw_where: list[str] = []
 
-    def raw_count(low: datetime | None, high: datetime | None, high_inclusive: bool) -> str:
-        if not raw_where:  # parameters only for statements that use them
-            raw_where.extend(_raw_conditions(sql, workspace, filters, tools))
-        where = list(raw_where)
+    def raw_count(
+        low: datetime | None, high: datetime | None, high_inclusive: bool, refused: bool = False
+    ) -> str:
+        if refused:
+            where = _raw_conditions(sql, workspace, filters, tools, True)
+        else:
+            if not raw_where:  # parameters only for statements that use them
+                raw_where.extend(_raw_conditions(sql, workspace, filters, tools, None))
+            where = list(raw_where)
         if low is not None:
             where.append(f"created_at >= {sql.param(low)}")
         if high is not None:
@@ -245,6 +264,12 @@ async def _count(
         return f"(SELECT count(*) FROM tool_calls WHERE {' AND '.join(where)})"
 
     start, end = filters.start, filters.end
+    refusals = ""
+    if filters.refused is not None:
+        refusals = raw_count(start, end, True, refused=True)
+        if filters.refused:
+            total: int = await db.fetchval(f"SELECT {refusals}::bigint", *sql.args)
+            return total
     first_full = None if start is None else ceil_hour(start)
     after_full = None if end is None else floor_hour(end)
     if first_full is not None and after_full is not None and first_full > after_full:
@@ -273,7 +298,9 @@ async def _count(
             parts.append(raw_count(start, first_full, False))
         if end is not None:
             parts.append(raw_count(after_full, end, True))
-    total: int = await db.fetchval(f"SELECT ({' + '.join(parts)})::bigint", *sql.args)
+    every = f"({' + '.join(parts)})"
+    counted_sql = f"{every} - {refusals}" if refusals else every
+    total = await db.fetchval(f"SELECT ({counted_sql})::bigint", *sql.args)
     return total
 
 

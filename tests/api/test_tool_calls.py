@@ -427,3 +427,92 @@ async def test_caller_agent_totals_are_exact(api: Api, db: asyncpg.Connection) -
     reply = await api.get("/tool-calls", params=params, auth=key, expect=200)
     coder = sum(c["caller_agent"] == "coder" for c in body)
     assert reply.body["total"] == coder + sum(k[0] == "coder" for k in expected_rows)
+
+
+def is_refusal(call: dict[str, Any]) -> bool:
+    return call["status"] == "error" and (call.get("error_message") or "").startswith("refused:")
+
+
+def refusal_is(refused: bool) -> Check:
+    return lambda call: is_refusal(call) == refused
+
+
+async def test_the_refused_filter_lists_and_counts_refusals_exactly(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """Refusals are error rows whose message starts 'refused:'; the rollups do not know them,
+    so their totals (and those of everything but them) must still match the rows."""
+    owner, key, server_id = await workspace_with_server(api, db)
+    other_server = await add_server(api, db, owner, "http://127.0.0.1:9/other")
+    rng = random.Random(13)
+    base = floor_day(datetime.now(UTC)) - timedelta(days=2)
+    kinds: list[dict[str, Any]] = [
+        {"status": "success"},
+        {"status": "error", "error_message": "boom"},
+        {"status": "error"},  # no message: not a refusal
+        {"status": "error", "error_message": "refused: tool read_x is disabled"},
+        {"status": "error", "error_message": "not refused: a message that only says it"},
+        {"status": "success", "error_message": "refused: but a success is no refusal"},
+    ]
+    body = [
+        tool_call(
+            rng.choice([server_id, other_server]),
+            tool_name=rng.choice(["alpha", "beta", "alphabet"]),
+            created_at=iso(base + timedelta(seconds=rng.randrange(5 * 3600))),
+            **rng.choice(kinds),
+        )
+        for _ in range(500)
+    ]
+    await api.post("/tool-calls", json=body, auth=key, expect=201)
+    refusals = [c for c in body if is_refusal(c)]
+    assert 0 < len(refusals) < len(body)
+
+    reply = await api.get("/tool-calls", params={"refused": "true"}, auth=key, expect=200)
+    assert reply.body["total"] == len(refusals)
+    assert all(item["error_message"].startswith("refused:") for item in reply.body["items"])
+    assert len(reply.body["items"]) == min(50, len(refusals))
+    reply = await api.get("/tool-calls", params={"refused": "false"}, auth=key, expect=200)
+    assert reply.body["total"] == len(body) - len(refusals)
+    assert not any(is_refusal(item) for item in reply.body["items"])
+
+    for _ in range(30):
+        refused = rng.choice([True, False])
+        params: dict[str, Any] = {"limit": 1, "refused": str(refused).lower()}
+        conditions: list[Check] = [refusal_is(refused)]
+        if rng.random() < 0.6:
+            start = base + timedelta(seconds=rng.randrange(-600, 5 * 3600))
+            params["start"] = iso(start)
+            conditions.append(not_before(start))
+        if rng.random() < 0.6:
+            low = datetime.fromisoformat(params.get("start", iso(base)))
+            end = low + timedelta(seconds=rng.randrange(0, 6 * 3600))
+            params["end"] = iso(end)
+            conditions.append(not_after(end))
+        add_filters(rng, params, conditions, [server_id, other_server])
+        await assert_total(api, key, body, params, conditions)
+
+    reply = await api.get("/tool-calls", params={"refused": "maybe"}, auth=key, expect=422)
+    assert reply.detail.startswith("query.refused"), reply.detail
+
+
+async def test_a_refusal_of_the_gateway_is_found_by_the_refused_filter(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    owner, key, server_id = await workspace_with_server(api, db)
+    await api.patch(
+        f"/servers/{server_id}", json={"disabled_tools": ["danger_*"]}, auth=owner, expect=200
+    )
+    await api.post("/tool-calls", json=tool_call(server_id), auth=key, expect=201)
+    reply = await api.post(
+        f"/servers/{server_id}/tools/invoke",
+        json={"tool_name": "danger_drop", "arguments": {}},
+        auth=owner,
+        expect=403,
+    )
+    reply = await api.get("/tool-calls", params={"refused": "true"}, auth=key, expect=200)
+    [refusal] = reply.body["items"]
+    assert refusal["tool_name"] == "danger_drop" and refusal["status"] == "error"
+    assert refusal["error_message"].startswith("refused:")
+    assert reply.body["total"] == 1
+    reply = await api.get("/tool-calls", params={"refused": "false"}, auth=key, expect=200)
+    assert [item["tool_name"] for item in reply.body["items"]] == ["search"]

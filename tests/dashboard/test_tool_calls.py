@@ -121,3 +121,41 @@ async def test_the_list_shows_the_time_zone_the_filters_take(
     # A call's page says UTC too.
     call_id = re.findall(r'<a href="/tool-calls/([0-9a-f-]{36})">', page.text)[0]
     assert (await browser.get(f"/tool-calls/{call_id}")).has(f"{moment:%Y-%m-%d %H:%M} UTC")
+
+
+async def test_the_refused_filter_and_refusals_marked(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    owner, key, first, _ = await arrange(api, db)
+    await ingest(api, key, first, 2, tool_name="search")
+    await ingest(api, key, first, 1, tool_name="fetch", status="error", error_message="boom")
+    # A refusal of the gateway's own: the playground's invoke of a disabled tool.
+    await api.patch(f"/servers/{first}", json={"disabled_tools": ["drop_*"]}, auth=owner)
+    await api.post(
+        f"/servers/{first}/tools/invoke",
+        json={"tool_name": "drop_table", "arguments": {}},
+        auth=owner,
+        expect=403,
+    )
+    browser = await browser_for(await api.member(owner, "member"))
+    page = await browser.get("/tool-calls")
+    assert rows(page.text) == 4
+    assert page.text.count('class="badge call-refused">refused<') == 1
+    assert page.text.count('class="badge call-error">error<') == 1
+    assert '<option value="" selected>All calls</option>' in page.text
+
+    page = await browser.get("/tool-calls?refused=true")
+    assert rows(page.text) == 1 and page.has("drop_table") and page.has("1 call")
+    assert '<option value="true" selected>Refused only</option>' in page.text
+    refusal = re.search(r'<a href="(/tool-calls/[0-9a-f-]{36})">', page.text)
+    assert refusal is not None
+    details = await browser.get(refusal.group(1))
+    assert 'class="badge call-refused">refused<' in details.text and details.has("refused: ")
+
+    page = await browser.get("/tool-calls?refused=false")
+    assert rows(page.text) == 3 and not page.has("drop_table") and page.has("boom")
+    page = await browser.get("/tool-calls?refused=false&status=error")
+    assert rows(page.text) == 1 and page.has("boom")
+
+    page = await browser.get("/tool-calls?refused=perhaps")
+    assert rows(page.text) == 0 and page.has("refused: Input should be a valid boolean")

@@ -62,15 +62,20 @@ class Browser:
     async def post(
         self,
         path: str,
-        data: dict[str, Any] | None = None,
+        data: dict[str, Any] | list[tuple[str, str]] | None = None,
         *,
         csrf: str | None = None,
         expect: int | None = None,
         follow: bool = True,
     ) -> Page:
-        """Send a form, with the CSRF token of the last page seen unless one is given."""
+        """Send a form, with the CSRF token of the last page seen unless one is given; a list
+        of pairs sends a field several times (checkboxes of one name)."""
         token = csrf if csrf is not None else (self.csrf if self.last else "")
-        form = {"csrf_token": token, **(data or {})}
+        form: dict[str, Any] | list[tuple[str, str]]
+        if isinstance(data, list):
+            form = [("csrf_token", token), *data]
+        else:
+            form = {"csrf_token": token, **(data or {})}
         async with self.http.post(self.url(path), data=form, allow_redirects=follow) as response:
             page = Page(response.status, await response.text(), response.headers, str(response.url))
         if expect is not None:

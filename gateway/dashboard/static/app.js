@@ -25,6 +25,18 @@ document.addEventListener("DOMContentLoaded", () => {
     });
   }
 
+  // A scope's servers: checking one means "only these"; "all servers" unchecks them (the
+  // server refuses both at once, as it cannot tell which was meant).
+  for (const fieldset of document.querySelectorAll("fieldset[data-servers]")) {
+    const all = fieldset.querySelector('input[name="servers"][value="all"]');
+    const only = fieldset.querySelector('input[name="servers"][value="only"]');
+    const boxes = fieldset.querySelectorAll('input[name="allowed_servers"]');
+    for (const box of boxes) {
+      box.addEventListener("change", () => { if (box.checked) only.checked = true; });
+    }
+    all.addEventListener("change", () => { for (const box of boxes) box.checked = false; });
+  }
+
   // Destructive buttons ask first.
   for (const form of document.querySelectorAll("form[data-confirm]")) {
     form.addEventListener("submit", (event) => {
