@@ -501,4 +501,4 @@ CREATE UNLOGGED TABLE call_budgets (
 );
 CREATE INDEX call_budgets_expiry_idx ON call_budgets (expires_at);
 
-INSERT INTO schema_version (version) VALUES (8);
+INSERT INTO schema_version (version) VALUES (9);
