@@ -4,6 +4,7 @@ CSRF token, the way a person's browser would (without running the page's script)
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,12 @@ async def browser_for(api: Api) -> AsyncIterator[BrowserFactory]:
     yield make
     for browser in opened:
         await browser.close()
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Any]:
+    """Headless Chromium (tests/helpers/chromium.py); its tests skip without one."""
+    from tests.helpers.chromium import launched  # Playwright only for the tests that use it
+
+    async with launched() as browser:
+        yield browser

@@ -1,99 +1,26 @@
-"""The dashboard in a real browser: headless Chromium (Debian's `chromium`) driven by Playwright.
-
-Playwright cannot download its own browser here, so it drives the system's: without one these
-tests skip, saying how to get it (`apt-get install chromium`; `.ci/run` does). Every page is
-also photographed at desktop and phone width into the artifacts directory
-(TEST_ARTIFACTS_DIR, default test-artifacts/ beside this repository's README).
-"""
+"""The dashboard in a real browser (tests/helpers/chromium.py): every page photographed at
+desktop and phone width into the artifacts directory."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
-import pytest
 
 from tests.helpers.alerting import add_rule, add_server, deliver, evaluate, events, ingest
 from tests.helpers.api import Api, AppFactory
+from tests.helpers.chromium import (
+    ARTIFACTS,
+    WIDTHS,
+    Visitor,
+    needs_chromium,
+    playwright_api,
+    signed_in,
+)
 from tests.helpers.upstreams import unused_url
 
-playwright_api = pytest.importorskip(
-    "playwright.async_api", reason="pip install playwright (in the test extras)"
-)
-
-CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="no Chromium: install Debian's package (apt-get install chromium; .ci/run does) "
-    "or set CHROMIUM_PATH",
-)
-
-ARTIFACTS = Path(
-    os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).parents[2] / "test-artifacts"
-)
-WIDTHS = {"desktop": 1280, "phone": 390}
-# What Chromium must not do on this closed network (see the machine notes).
-_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-@pytest.fixture
-async def chromium() -> AsyncIterator[Any]:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before any page)
-    async with playwright_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=_FLAGS)
-        yield browser
-        await browser.close()
-
-
-class Visitor:
-    """A person at the browser, with a page open; photographs what they see."""
-
-    def __init__(self, page: Any, base: str) -> None:
-        self.page = page
-        self.base = base
-        self.problems: list[str] = []
-        page.on("console", self._console)
-        page.on("pageerror", lambda exc: self.problems.append(f"script error: {exc}"))
-        page.on("response", self._response)
-
-    def _console(self, message: Any) -> None:
-        # A CSP violation or a script error shows here first. (Answers with a 4xx status are
-        # logged too: the test makes some on purpose and checks them itself.)
-        if message.type == "error" and not message.text.startswith("Failed to load resource"):
-            self.problems.append(message.text)
-
-    def _response(self, response: Any) -> None:
-        if response.status >= 500:  # a 500 is a bug, whatever page shows it
-            self.problems.append(f"{response.status} from {response.url}")
-
-    async def open(self, path: str) -> None:
-        response = await self.page.goto(self.base + path)
-        assert response is not None and response.ok, f"{path}: {response and response.status}"
-
-    async def photograph(self, name: str) -> None:
-        for device, width in WIDTHS.items():
-            await self.page.set_viewport_size({"width": width, "height": 900})
-            await self.page.screenshot(path=ARTIFACTS / f"{name}-{device}.png", full_page=True)
-            if device == "phone":
-                # Nothing wider than the phone: no sideways scrolling of the whole page.
-                overflow = await self.page.evaluate(
-                    "document.documentElement.scrollWidth - window.innerWidth"
-                )
-                assert overflow <= 1, f"{name} is {overflow}px wider than a phone"
-        await self.page.set_viewport_size({"width": WIDTHS["desktop"], "height": 900})
+pytestmark = needs_chromium
 
 
 async def test_a_new_user_from_sign_up_to_alert_rule(
@@ -197,7 +124,7 @@ async def test_a_new_user_from_sign_up_to_alert_rule(
     await expect(page.locator(".verdict.good")).to_be_visible()
     await visitor.photograph("overview")
     assert visitor.problems == [], visitor.problems
-    await context.close()
+    await visitor.page.context.close()
 
 
 async def test_the_api_docs_render_under_their_security_policy(api: Api, chromium: Any) -> None:
@@ -311,14 +238,8 @@ async def test_every_table_keeps_its_status_and_buttons_on_a_phone(
     [event] = await events(api, owner)
 
     base = str(api.client.make_url("")).rstrip("/")
-    context = await chromium.new_context(viewport={"width": 1280, "height": 900})
-    visitor = Visitor(await context.new_page(), base)
+    visitor = await signed_in(chromium, base, owner, WIDTHS["desktop"])
     page = visitor.page
-    await visitor.open("/login")
-    await page.get_by_label("Email").fill(owner.email)
-    await page.get_by_label("Password").fill("password123")
-    await page.get_by_role("button", name="Log in").click()
-    await playwright_api.expect(page.get_by_role("heading", name="Overview")).to_be_visible()
 
     badge = page.locator(".table-wrap .badge")
     button = page.get_by_role("button")
@@ -347,4 +268,4 @@ async def test_every_table_keeps_its_status_and_buttons_on_a_phone(
     await visitor.open("/settings")
     assert await button.filter(has_text="Revoke").count() == 2
     assert visitor.problems == [], visitor.problems
-    await context.close()
+    await visitor.page.context.close()

@@ -9,21 +9,10 @@ import shlex
 from html import unescape
 from typing import Any
 
-import pytest
-
 from gateway.dashboard.connect import KEY_PLACEHOLDER, client_name, snippets
-from tests.dashboard.test_browser import (  # the browser fixtures, shared as they are
-    ARTIFACTS,
-    CHROMIUM,
-    WIDTHS,
-    Visitor,
-    chromium,
-    playwright_api,
-)
 from tests.helpers.api import Api, AppFactory
 from tests.helpers.browser import BrowserFactory
-
-__all__ = ["chromium"]  # a fixture of the browser tests, used here by name
+from tests.helpers.chromium import ARTIFACTS, WIDTHS, needs_chromium, playwright_api, signed_in
 
 SNIPPET_IDS = [
     "connect-claude-code",
@@ -128,26 +117,15 @@ async def test_a_member_sees_the_panel_too(api: Api, browser_for: BrowserFactory
 # -- in a real browser: every copy button copies what is shown ----------------------------------
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="no Chromium: install Debian's package (apt-get install chromium; .ci/run does) "
-    "or set CHROMIUM_PATH",
-)
+@needs_chromium
 async def test_each_copy_button_copies_what_is_shown(make_api: AppFactory, chromium: Any) -> None:
     api = await make_api()
     owner, server = await register(api, "Search & <Fetch>")
     base = str(api.client.make_url("")).rstrip("/")
-    context = await chromium.new_context(
-        viewport={"width": WIDTHS["desktop"], "height": 900},
-        permissions=["clipboard-read", "clipboard-write"],
+    visitor = await signed_in(
+        chromium, base, owner, WIDTHS["desktop"], permissions=["clipboard-read", "clipboard-write"]
     )
-    visitor = Visitor(await context.new_page(), base)
     page = visitor.page
-    await visitor.open("/login")
-    await page.get_by_label("Email").fill(owner.email)
-    await page.get_by_label("Password").fill("password123")
-    await page.get_by_role("button", name="Log in").click()
-    await playwright_api.expect(page.get_by_role("heading", name="Overview")).to_be_visible()
 
     expected = {
         "connect-url": server["proxy_url"],
@@ -178,4 +156,4 @@ async def test_each_copy_button_copies_what_is_shown(make_api: AppFactory, chrom
         await panel.screenshot(path=ARTIFACTS / f"connect-an-agent-{device}.png")
         await page.screenshot(path=ARTIFACTS / f"server-page-{device}.png", full_page=True)
     assert not visitor.problems, visitor.problems
-    await context.close()
+    await visitor.page.context.close()

@@ -10,20 +10,18 @@ from typing import Any
 
 import pytest
 
-from tests.dashboard.test_browser import (  # noqa: F401 (chromium: a fixture)
+from tests.helpers.alerting import add_server
+from tests.helpers.api import Api
+from tests.helpers.chromium import (
     ARTIFACTS,
-    CHROMIUM,
     WIDTHS,
     Visitor,
-    chromium,
+    needs_chromium,
     playwright_api,
+    signed_in,
 )
-from tests.helpers.alerting import add_server
-from tests.helpers.api import Account, Api
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium: apt-get install chromium, or set CHROMIUM_PATH"
-)
+pytestmark = needs_chromium
 
 # Every visible control, label, cell and badge of the page's main part that reaches past the
 # screen's edges.
@@ -60,23 +58,10 @@ async def fits_a_phone(visitor: Visitor, name: str, width: int) -> None:
         await page.set_viewport_size({"width": width, "height": 900})
 
 
-async def signed_in(browser: Any, api: Api, account: Account, width: int) -> Visitor:
-    base = str(api.client.make_url("")).rstrip("/")
-    context = await browser.new_context(viewport={"width": width, "height": 900})
-    visitor = Visitor(await context.new_page(), base)
-    page = visitor.page
-    await visitor.open("/login")
-    await page.get_by_label("Email").fill(account.email)
-    await page.get_by_label("Password").fill("password123")
-    await page.get_by_role("button", name="Log in").click()
-    await playwright_api.expect(page.get_by_role("heading", name="Overview")).to_be_visible()
-    return visitor
-
-
 @pytest.mark.parametrize("device", list(WIDTHS))
 async def test_a_keys_scope_and_a_servers_disabled_tools_through_their_forms(
     api: Api,
-    chromium: Any,  # noqa: F811 (the fixture imported above)
+    chromium: Any,
     sdk_stateless: str,
     device: str,
 ) -> None:
@@ -85,7 +70,7 @@ async def test_a_keys_scope_and_a_servers_disabled_tools_through_their_forms(
     sdk = await add_server(api, owner, "sdk-demo", sdk_stateless)
     await add_server(api, owner, "an-archive-server-with-a-rather-long-name-indeed")
     await api.api_key(owner, "ci-agent-with-a-rather-long-name")
-    visitor = await signed_in(chromium, api, owner, width)
+    visitor = await signed_in(chromium, str(api.client.make_url("")).rstrip("/"), owner, width)
     page = visitor.page
     expect = playwright_api.expect
 
