@@ -113,13 +113,17 @@ def _plain_result(body: bytes) -> bool:
     """Whether a reply to one call is a result that cannot be a failure, seen without parsing
     it (most replies): a JSON-RPC error needs an `"error"` key and a failed result `true`, a
     literal no escape can spell; a backslash might hide the key, so such bodies are parsed.
-    (A result for another id would pass for ours: only a broken server sends one.)"""
+    (A result for another id would pass for ours: only a broken server sends one.)
+
+    find(), not `in`: bytes' `in` first tries its argument as an int, raising and clearing a
+    TypeError each time, which costs twice the search (measured with callgrind)."""
+    find = body.find
     return (
         body[:1] == b"{"
-        and b'"result"' in body
-        and b'"error"' not in body
-        and b"true" not in body
-        and b"\\" not in body
+        and find(b'"result"') >= 0
+        and find(b'"error"') < 0
+        and find(b"true") < 0
+        and find(b"\\") < 0
     )
 
 

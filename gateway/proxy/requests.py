@@ -75,7 +75,7 @@ def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
     # How many arrays and objects the body may hold (brackets in strings count too): fewer
     # than MAX_DEPTH cannot nest deeper than it, nor can a body too short to.
     containers = body.count(b"{") + body.count(b"[") if len(body) > _SHALLOW_BYTES else 0
-    if b"tools/call" not in body:
+    if body.find(b"tools/call") < 0:  # find(), not `in`: see replies._plain_result
         # UTF-16 and UTF-32 (no BOM) put a NUL in one of the first two bytes of any JSON
         # text; with a BOM, or any other byte that is not ASCII, the body must be UTF-8.
         if not body[0] or (len(body) > 1 and not body[1]):
