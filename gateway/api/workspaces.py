@@ -486,6 +486,8 @@ async def update_api_key(
             raise _unknown_servers(exc) from None
     if updated is None:
         raise NotFound("API key not found")
+    # At once in this process (the others hear it through NOTIFY), as for a revoke.
+    request.app[AUTHENTICATOR].keys.drop(updated.pop("key_hash"))
     return updated
 
 

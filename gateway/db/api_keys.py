@@ -68,7 +68,7 @@ _UPDATE_RULES = f"""
 UPDATE api_keys k SET permissions = $3, allowed_servers = $4, allowed_tools = $5, rate_limit = $6,
     name = coalesce($7, name)
 WHERE id = $1 AND workspace_id = $2 AND revoked_at IS NULL
-RETURNING {_COLUMNS},
+RETURNING {_COLUMNS}, key_hash,
        created_by IS NULL OR NOT EXISTS (
            SELECT 1 FROM memberships m
            WHERE m.workspace_id = k.workspace_id AND m.user_id = k.created_by
@@ -167,8 +167,9 @@ async def update_rules(
     name: str | None = None,
 ) -> dict[str, Any] | None:
     """Replace an active key's rules with change(its current rules), under a row lock so two
-    PATCHes of different fields both land; None when there is no such key, UnknownServers
-    as for insert()."""
+    PATCHes of different fields both land: the key as listed, plus its `key_hash` (for the
+    caller to drop from its cache); None when there is no such key, UnknownServers as for
+    insert()."""
     async with conn.transaction():
         row = await conn.fetchrow(_LOCK_RULES, key_id, workspace_id)
         if row is None:

@@ -182,3 +182,20 @@ async def test_the_server_s_limit_counts_every_caller_together(
     assert statuses == [200, 200, 200, 429]
     await server_rules(setup, rate_limit=None)
     assert (await post(setup, other_key, call("add", a=1, b=1)))[0] == 200
+
+
+async def test_a_key_s_new_scope_applies_to_its_very_next_request(
+    api: Api, db: asyncpg.Connection, sdk_stateless: str
+) -> None:
+    setup = await arrange(api, db, sdk_stateless)
+    assert (await post(setup, setup.key, call("add", a=1, b=1)))[0] == 200  # cached now
+    [key] = (
+        await api.get(f"/workspaces/{setup.owner.workspace_id}/api-keys", auth=setup.owner)
+    ).body
+    await api.patch(
+        f"/workspaces/{setup.owner.workspace_id}/api-keys/{key['id']}",
+        json={"allowed_tools": ["echo"]},
+        auth=setup.owner,
+        expect=200,
+    )
+    assert (await post(setup, setup.key, call("add", a=1, b=1)))[0] == 403
