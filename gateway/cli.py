@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 import uvloop
@@ -115,8 +115,14 @@ _CONNECT_SECONDS = 10.0
 
 
 def _address(dsn: str) -> str:
-    """host:port as the DSN says (asyncpg's defaults filled in), never its password."""
-    hosts = urlsplit(dsn).netloc.rpartition("@")[2] or "localhost"
+    """host:port as the DSN says (asyncpg's defaults filled in), or the directory of its unix
+    socket (`?host=/path`, as the embedded PostgreSQL's DSN has); never its password."""
+    parts = urlsplit(dsn)
+    hosts = parts.netloc.rpartition("@")[2]
+    socket_dirs = parse_qs(parts.query).get("host")
+    if not hosts and socket_dirs:
+        return socket_dirs[0]
+    hosts = hosts or "localhost"
     return hosts if ":" in hosts and not hosts.endswith("]") else f"{hosts}:5432"
 
 

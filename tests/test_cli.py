@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from importlib.metadata import version
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
@@ -230,9 +231,19 @@ def test_migrate_with_a_malformed_url_is_one_line() -> None:
 
 
 async def test_a_database_that_refuses_us_is_one_line(database_url: str) -> None:
-    missing = database_url.rsplit("/", 1)[0] + "/no_such_database"
+    # The same server, another database name (the embedded one's URL names a socket directory
+    # in its query, which holds slashes too).
+    missing = urlunsplit(urlsplit(database_url)._replace(path="/no_such_database"))
     line = await asyncio.to_thread(one_line_failure, ["migrate"], {"DATABASE_URL": missing}, 1)
     assert line.endswith('(DATABASE_URL): database "no_such_database" does not exist'), line
+
+
+def test_a_socket_directory_that_is_not_there_is_named() -> None:
+    dsn = "postgresql://postgres@/gw?host=/nonexistent/socket-dir"
+    line = one_line_failure(["migrate"], {"DATABASE_URL": dsn}, 1)
+    assert line.startswith(
+        "mcp-gateway: cannot connect to the database at /nonexistent/socket-dir (DATABASE_URL): "
+    ), line
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
