@@ -199,3 +199,19 @@ async def test_a_key_s_new_scope_applies_to_its_very_next_request(
         expect=200,
     )
     assert (await post(setup, setup.key, call("add", a=1, b=1)))[0] == 403
+
+
+async def test_a_batch_with_a_refused_call_is_refused_whole(
+    api: Api, db: asyncpg.Connection, sdk_stateless: str
+) -> None:
+    setup = await arrange(api, db, sdk_stateless)
+    key = await scoped_key(setup, allowed_tools=["echo"])
+    batch = [call("echo", rid=1, text="x"), call("add", rid=2, a=1, b=2), rpc("ping", rid=3)]
+    status, body, _ = await post(setup, key, batch)
+    assert status == 403
+    # An error for each call that expects an answer; nothing was forwarded.
+    assert [(m["id"], m["error"]["code"]) for m in body] == [(1, -32003), (2, -32003)]
+    rows = await logged_calls(db, 2)
+    assert {r["error_message"] for r in rows} == {
+        "refused: tool 'add' is not among this API key's allowed tools"
+    }
