@@ -92,10 +92,21 @@ return granted
 """
 
 
+# Only into a counter that is still there: DECRBY on an expired one would create a key that
+# never expires.
+_REFUND_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('DECRBY', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
 class RedisBudgets:
     def __init__(self, redis_url: str) -> None:
         self._redis = Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._take = self._redis.register_script(_TAKE_SCRIPT)
+        self._refund = self._redis.register_script(_REFUND_SCRIPT)
 
     @staticmethod
     def _key(subject: str, window_start: float) -> str:
@@ -109,7 +120,7 @@ class RedisBudgets:
         return int(await self._take(keys=[key], args=[want, limit, keep]))
 
     async def refund(self, subject: str, window_start: float, amount: int) -> None:
-        await self._redis.decrby(self._key(subject, window_start), amount)
+        await self._refund(keys=[self._key(subject, window_start)], args=[amount])
 
     async def prune(self) -> None:
         pass  # every counter expires with its window

@@ -113,3 +113,19 @@ async def test_while_redis_is_away_each_process_counts_the_limit_alone(
         await store.close()
     assert allowed == 100
     assert "each process counts its limits alone" in caplog.text
+
+
+async def test_on_redis_a_lease_given_back_can_be_spent_by_another_process(
+    redis_url: str,
+) -> None:
+    stores = [RedisBudgets(redis_url), RedisBudgets(redis_url)]
+    first, second = Budgets(stores[0]), Budgets(stores[1])
+    try:
+        assert await first.take("key:g:hour", HUNDRED_AN_HOUR) == 0.0  # leases 5, spends 1
+        assert await spend([second], "key:g:hour", 200) == 95
+        await first.refund_all()
+        await asyncio.sleep(EMPTY_SECONDS)
+        assert await spend([second], "key:g:hour", 10) == 4
+    finally:
+        for store in stores:
+            await store.close()
