@@ -4,6 +4,7 @@ mirrors from its arguments (as the tool's inputSchema declares with `x-mcp-heade
 from __future__ import annotations
 
 import base64
+import binascii
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -22,6 +23,17 @@ def header_value(value: str) -> str:
     ):
         return value
     return f"=?base64?{base64.b64encode(value.encode()).decode('ascii')}?="
+
+
+def header_text(value: str) -> str | None:
+    """What an Mcp-Name / Mcp-Param-* header says (header_value() undone); None when its base64
+    cannot be read."""
+    if _B64_SENTINEL.fullmatch(value):
+        try:
+            return base64.b64decode(value[9:-2], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+    return value
 
 
 def param_header_map(schema: Any) -> dict[tuple[str, ...], str]:

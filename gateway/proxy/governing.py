@@ -5,8 +5,6 @@ call. Only requests a rule applies to come here.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +15,7 @@ from aiohttp import web
 
 from gateway.calllog.writer import CallLog
 from gateway.errors import Forbidden, JsonRpcRefusal
+from gateway.mcp.headers import header_text
 from gateway.policy import decisions
 from gateway.policy.budgets import Budgets
 from gateway.policy.rules import KeyRules
@@ -27,7 +26,6 @@ from gateway.upstreams.servers import Upstream
 
 # 2026-07-28: a policy-enforcing intermediary checks Mcp-Name against the body.
 HEADER_MISMATCH: Final = -32020
-_BASE64 = ("=?base64?", "?=")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,21 +71,12 @@ def _check_mcp_name(request: web.Request, names: list[str]) -> None:
     header = request.headers.get("Mcp-Name")
     if header is None or len(names) != 1:
         return
-    if _decoded(header) != names[0]:
+    if header_text(header) != names[0]:
         raise JsonRpcRefusal(
             400,
             HEADER_MISMATCH,
             "Header mismatch: the Mcp-Name header does not name the tool the body calls",
         )
-
-
-def _decoded(header: str) -> str | None:
-    if header.startswith(_BASE64[0]) and header.endswith(_BASE64[1]):
-        try:
-            return base64.b64decode(header[9:-2], validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-    return header
 
 
 def _log_refusal(

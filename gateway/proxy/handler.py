@@ -30,6 +30,7 @@ from gateway.api.routing import Routes, read_bytes
 from gateway.caching.caches import MISSING
 from gateway.calllog.writer import CALL_LOG, CallLog, Reservation, no_room
 from gateway.errors import (
+    ApiError,
     BadGateway,
     GatewayTimeout,
     JsonRpcRefusal,
@@ -341,7 +342,9 @@ async def _exchange(
         is_stream = is_event_stream(content_type)
         length = reply.content_length
         if filtering is not None and 200 <= reply.status < 300:
-            filtered = await _filtered(request, reply, headers, outcome, timeout_seconds, filtering)
+            filtered = await _filtered(
+                request, reply, headers, outcome, timeout_seconds, filtering, is_stream
+            )
             filtered.bare = content_type is None
             return filtered
         if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
@@ -378,14 +381,8 @@ async def _buffered(
     answers. Nothing has been sent yet when the upstream fails here, so the caller gets a 502."""
     try:
         body = await reply.read()
-    except TimeoutError:
-        outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
-        outcome.kind = "timeout"
-        raise GatewayTimeout(outcome.error) from None
-    except (aiohttp.ClientError, OSError) as exc:
-        outcome.error = f"upstream broke off the response: {_describe(exc)}"
-        outcome.kind = "broke_off"
-        raise BadGateway(outcome.error) from None
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise _failed_read(outcome, exc, timeout_seconds) from None
     outcome.read_at = time.perf_counter()
     outcome.size = len(body)
     if outcome.calls:
@@ -405,6 +402,7 @@ async def _filtered(
     outcome: Outcome,
     timeout_seconds: float,
     filtering: Filtering,
+    is_stream: bool,
 ) -> UpstreamResponse:
     """A `tools/list` reply for a caller a tool rule applies to: read whole (JSON or an SSE
     stream, up to the tool list bound), cut to the tools it may call, sent in one write."""
@@ -416,18 +414,11 @@ async def _filtered(
                 outcome.error = "the tool list is too large to filter"
                 outcome.kind = "broke_off"
                 raise BadGateway(f"{outcome.error} (over {MAX_TOOL_LIST_BYTES // MiB} MiB)")
-    except TimeoutError:
-        outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
-        outcome.kind = "timeout"
-        raise GatewayTimeout(outcome.error) from None
-    except (aiohttp.ClientError, OSError) as exc:
-        outcome.error = f"upstream broke off the response: {_describe(exc)}"
-        outcome.kind = "broke_off"
-        raise BadGateway(outcome.error) from None
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise _failed_read(outcome, exc, timeout_seconds) from None
     outcome.read_at = time.perf_counter()
     body = bytes(received)
     outcome.size = len(body)
-    is_stream = is_event_stream(reply.headers.get("Content-Type"))
     if outcome.calls:  # a batch may hold calls beside the list
         reader = outcome.reader = ReplyReader(outcome.calls, event_stream=is_stream)
         reader.feed(body)
@@ -479,12 +470,8 @@ async def _pump(
                     await response.write(chunk)
                 except ConnectionError:
                     raise _CallerLeft from None
-    except TimeoutError:
-        outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
-        outcome.kind = "timeout"
-    except (aiohttp.ClientError, OSError) as exc:
-        outcome.error = f"upstream broke off the response: {_describe(exc)}"
-        outcome.kind = "broke_off"
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        _stopped_mid_response(outcome, exc, timeout_seconds)
     else:
         if reader is not None:
             reader.finish()
@@ -497,6 +484,24 @@ async def _pump(
     log.warning("proxy to %s: %s", reply.url, outcome.error)
     if request.transport is not None:
         request.transport.close()
+
+
+def _stopped_mid_response(outcome: Outcome, exc: BaseException, timeout_seconds: float) -> None:
+    """Why the upstream's reply stopped part-way: silent too long, or broken off."""
+    if isinstance(exc, TimeoutError):  # (an OSError too: tested first)
+        outcome.error = f"upstream went silent for {timeout_seconds:g} s mid-response"
+        outcome.kind = "timeout"
+    else:
+        outcome.error = f"upstream broke off the response: {_describe(exc)}"
+        outcome.kind = "broke_off"
+
+
+def _failed_read(outcome: Outcome, exc: BaseException, timeout_seconds: float) -> ApiError:
+    """The answer to a reply read whole that stopped part-way (nothing was sent yet)."""
+    _stopped_mid_response(outcome, exc, timeout_seconds)
+    if outcome.kind == "timeout":
+        return GatewayTimeout(outcome.error or "")
+    return BadGateway(outcome.error or "")
 
 
 def _caller_gone(request: web.Request) -> bool:
