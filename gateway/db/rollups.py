@@ -3,11 +3,10 @@ rebuilding them.
 
 Three tables, all keyed by UTC hour: tool_call_hourly (per workspace, server and tool: counts,
 durations and a latency histogram), tool_call_caller_hourly (the same counts per caller_agent
-too) and latency_hourly (one merged latency histogram per workspace and per server). The call
-log writer adds every batch to them in the batch's transaction (add_batch(), which aggregates
-the batch in Python); rebuild() recomputes them from the raw rows in SQL instead (roll_up()), for
-data that did not come through the writer (a bulk COPY, a restore). The tests check that both
-give the same rows.
+too) and latency_hourly (one merged latency histogram per workspace and per server). One
+statement computes them from raw rows (roll_up()): the call log writer runs it over each batch
+it has just inserted, in the batch's transaction (add_batch()), and rebuild() over every row
+held, for data that did not come through the writer (a bulk COPY, a restore).
 
 The rollups outlive the raw calls (retention drops days of tool_calls long before their hours
 are pruned here, prune()): a rebuild recomputes only the hours whose calls are all still held.
@@ -16,18 +15,12 @@ are pruned here, prune()): a rebuild recomputes only the hours whose calls are a
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gateway.db import partitions
-from gateway.db.histograms import latency_bucket
 from gateway.db.types import Connection, Executor
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_HOUR = timedelta(hours=1)
 
 
 def floor_hour(moment: datetime) -> datetime:
@@ -42,33 +35,15 @@ def ceil_hour(moment: datetime) -> datetime:
 
 TABLES = ("tool_call_hourly", "tool_call_caller_hourly", "latency_hourly")
 
-# How a rollup row takes in more calls; shared by roll_up() and add_batch(). The aliases h, c
-# and l are those of the INSERTs.
-_ADD_TO_TOOL = """ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
-        call_count = h.call_count + excluded.call_count,
-        error_count = h.error_count + excluded.error_count,
-        duration_count = h.duration_count + excluded.duration_count,
-        duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
-        latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)"""
-_ADD_TO_CALLER = """ON CONFLICT (workspace_id, caller_agent, tool_name, server_id, hour)
-    DO UPDATE SET
-        call_count = c.call_count + excluded.call_count,
-        error_count = c.error_count + excluded.error_count"""
-_ADD_TO_SCOPE = """ON CONFLICT (scope, hour) DO UPDATE SET
-        latency_histogram = histogram_add(l.latency_histogram, excluded.latency_histogram)"""
-_ADDS = {
-    "add_to_tool": _ADD_TO_TOOL,
-    "add_to_caller": _ADD_TO_CALLER,
-    "add_to_scope": _ADD_TO_SCOPE,
-}
-
 # Adds the calls of tool_calls matching {where} to every rollup table. First one row per
 # (workspace, server, tool, hour, latency bucket) with GROUP BY, then one per rollup key with
 # its histogram built from those (histogram_of): a few million groups for 10M calls, and no
 # function call per call (latency_bucket() is inlined). date_bin gives the UTC hour three times
-# cheaper than date_trunc('hour', created_at, 'UTC'). Keys are upserted in key order, as
-# add_batch() does. `calls` is scanned twice (the caller counts need no buckets) rather than
-# setting 10 million rows aside. The result is the number of rollup rows inserted or updated.
+# cheaper than date_trunc('hour', created_at, 'UTC'). Keys are upserted in key order, so
+# concurrent batches never deadlock each other. `calls` is scanned twice (the caller counts need
+# no buckets) rather than setting 10 million rows aside. A key already there adds the new
+# counts to its own (the aliases h, c and l). The result is the number of rollup rows inserted
+# or updated.
 _ROLL_UP = """
 WITH calls AS NOT MATERIALIZED (
     SELECT workspace_id, server_id, tool_name, caller_agent, status, duration_ms,
@@ -97,7 +72,12 @@ per_tool AS (
     FROM by_bucket
     GROUP BY workspace_id, tool_name, server_id, hour
     ORDER BY workspace_id, tool_name, server_id, hour
-    {add_to_tool}
+    ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
+        call_count = h.call_count + excluded.call_count,
+        error_count = h.error_count + excluded.error_count,
+        duration_count = h.duration_count + excluded.duration_count,
+        duration_sum_ms = h.duration_sum_ms + excluded.duration_sum_ms,
+        latency_histogram = histogram_add(h.latency_histogram, excluded.latency_histogram)
     RETURNING 1
 ),
 per_caller AS (
@@ -109,7 +89,10 @@ per_caller AS (
     WHERE caller_agent IS NOT NULL
     GROUP BY workspace_id, caller_agent, tool_name, server_id, hour
     ORDER BY workspace_id, caller_agent, tool_name, server_id, hour
-    {add_to_caller}
+    ON CONFLICT (workspace_id, caller_agent, tool_name, server_id, hour)
+    DO UPDATE SET
+        call_count = c.call_count + excluded.call_count,
+        error_count = c.error_count + excluded.error_count
     RETURNING 1
 ),
 per_scope AS (
@@ -120,7 +103,8 @@ per_scope AS (
     WHERE b.bucket IS NOT NULL
     GROUP BY s.scope, b.workspace_id, b.hour
     ORDER BY s.scope, b.hour
-    {add_to_scope}
+    ON CONFLICT (scope, hour) DO UPDATE SET
+        latency_histogram = histogram_add(l.latency_histogram, excluded.latency_histogram)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM per_tool) + (SELECT count(*) FROM per_caller)
@@ -131,130 +115,25 @@ SELECT (SELECT count(*) FROM per_tool) + (SELECT count(*) FROM per_caller)
 def roll_up(where: str) -> str:
     """The statement adding the tool_calls rows matching `where` (SQL, with $n parameters)
     to every rollup table."""
-    return _ROLL_UP.format(where=where, **_ADDS)
+    return _ROLL_UP.format(where=where)
 
 
-# A batch's rollups, aggregated by the writer (add_batch()): a few rows per tool and hour rather
-# than one per call, so PostgreSQL upserts those instead of reading the batch back. Histograms
-# travel as array literals ('{0,2,1}') because a ragged integer[][] cannot. Keys are upserted in
-# the same order as roll_up() does, so concurrent writers never deadlock each other. The tables
-# are locked first, in the order of a rebuild's LOCK TABLE (TABLES): a prepared statement would
-# otherwise lock latency_hourly (the main INSERT) before the others and deadlock with a rebuild.
+# A batch the call log writer has just copied into tool_calls, added to the rollups in the same
+# transaction by roll_up() itself, so the writer's rollups and a rebuild's are one computation.
+# Its rows are found again by their ids (the primary key) within the batch's time range, which
+# keeps PostgreSQL to the partitions of its days; the aggregation is PostgreSQL's work, not the
+# gateway's (the gateway's CPU is the proxy's). The tables are locked first, in the order of a
+# rebuild's LOCK TABLE (TABLES): the INSERTs would otherwise lock them in their own order and
+# deadlock with a rebuild.
 _LOCK_FOR_BATCH = f"LOCK TABLE {', '.join(TABLES)} IN ROW EXCLUSIVE MODE"
-_ADD_BATCH = """
-WITH per_tool AS (
-    INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, call_count,
-                                      error_count, duration_count, duration_sum_ms,
-                                      latency_histogram)
-    SELECT u.workspace_id, u.server_id, u.tool_name, u.hour, u.calls, u.errors, u.timed,
-           u.duration_sum, u.histogram::integer[]
-    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[],
-                $6::bigint[], $7::bigint[], $8::bigint[], $9::text[])
-         AS u (workspace_id, server_id, tool_name, hour, calls, errors, timed, duration_sum,
-               histogram)
-    ORDER BY u.workspace_id, u.tool_name, u.server_id, u.hour
-    {add_to_tool}
-),
-per_caller AS (
-    INSERT INTO tool_call_caller_hourly AS c (workspace_id, caller_agent, tool_name, server_id,
-                                             hour, call_count, error_count)
-    SELECT * FROM unnest($10::uuid[], $11::text[], $12::text[], $13::uuid[],
-                         $14::timestamptz[], $15::bigint[], $16::bigint[])
-                  AS u (workspace_id, caller_agent, tool_name, server_id, hour, calls, errors)
-    ORDER BY 1, 2, 3, 4, 5
-    {add_to_caller}
-)
-INSERT INTO latency_hourly AS l (scope, workspace_id, hour, latency_histogram)
-SELECT u.scope, u.workspace_id, u.hour, u.histogram::integer[]
-FROM unnest($17::uuid[], $18::uuid[], $19::timestamptz[], $20::text[])
-     AS u (scope, workspace_id, hour, histogram)
-ORDER BY u.scope, u.hour
-{add_to_scope}
-""".format(**_ADDS)
+_ADD_BATCH = roll_up("id = ANY($1::uuid[]) AND created_at BETWEEN $2 AND $3")
 
 
-@dataclass(slots=True)
-class _Counts:
-    calls: int = 0
-    errors: int = 0
-    timed: int = 0
-    duration_sum: int = 0
-    # bucket -> calls
-    histogram: dict[int, int] = field(default_factory=dict)
-
-
-def _literal(histogram: dict[int, int]) -> str:
-    """A dense histogram as an integer[] literal, up to its highest bucket ('{}' if empty)."""
-    dense = [0] * (max(histogram) + 1) if histogram else []
-    for bucket, calls in histogram.items():
-        dense[bucket] = calls
-    return "{" + ",".join(map(str, dense)) + "}"
-
-
-def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """Rows as `width` parallel lists: one array parameter per column for unnest()."""
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
-
-
-async def add_batch(conn: Connection, records: Sequence[tuple[Any, ...]]) -> None:
-    """Add records just inserted into tool_calls (in tool_calls.COLUMNS order) to every rollup
-    table: the same figures as roll_up() computes from the stored rows (a test checks it)."""
-    # Keyed by plain ints (UUID.int, hours since the epoch): hashing a UUID or a datetime per
-    # row would cost more than the rest of the loop.
-    per_tool: dict[tuple[Any, ...], _Counts] = defaultdict(_Counts)
-    per_caller: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
-    per_scope: dict[tuple[int, int, int], dict[int, int]] = defaultdict(dict)
-    for _, workspace, server, tool, caller, status, duration, *_, created_at in records:
-        ws, sv, hour = workspace.int, server.int, (created_at - _EPOCH) // _HOUR
-        error = status == "error"
-        counts = per_tool[ws, sv, tool, hour]
-        counts.calls += 1
-        counts.errors += error
-        if caller is not None:
-            by_caller = per_caller[ws, caller, tool, sv, hour]
-            by_caller[0] += 1
-            by_caller[1] += error
-        if duration is not None:
-            counts.timed += 1
-            counts.duration_sum += duration
-            bucket = latency_bucket(duration)
-            counts.histogram[bucket] = counts.histogram.get(bucket, 0) + 1
-            for scope in (ws, sv):
-                histogram = per_scope[scope, ws, hour]
-                histogram[bucket] = histogram.get(bucket, 0) + 1
-    tools = [
-        (
-            _uuid(ws),
-            _uuid(sv),
-            tool,
-            _hour(hour),
-            c.calls,
-            c.errors,
-            c.timed,
-            c.duration_sum,
-            _literal(c.histogram),
-        )
-        for (ws, sv, tool, hour), c in per_tool.items()
-    ]
-    callers = [
-        (_uuid(ws), caller, tool, _uuid(sv), _hour(hour), calls, errors)
-        for (ws, caller, tool, sv, hour), (calls, errors) in per_caller.items()
-    ]
-    scopes = [
-        (_uuid(scope), _uuid(ws), _hour(hour), _literal(histogram))
-        for (scope, ws, hour), histogram in per_scope.items()
-    ]
+async def add_batch(conn: Connection, ids: list[Any], first: datetime, last: datetime) -> None:
+    """Add the tool_calls rows just inserted with these ids, created from `first` to `last`,
+    to every rollup table (inside the transaction that inserted them)."""
     await conn.execute(_LOCK_FOR_BATCH)
-    await conn.execute(_ADD_BATCH, *_columns(tools, 9), *_columns(callers, 7), *_columns(scopes, 4))
-
-
-def _uuid(value: int) -> uuid.UUID:
-    return uuid.UUID(int=value)
-
-
-def _hour(hours_since_epoch: int) -> datetime:
-    # Exact timedelta arithmetic both ways: a float timestamp would round far-off instants.
-    return _EPOCH + hours_since_epoch * _HOUR
+    await conn.execute(_ADD_BATCH, ids, first, last)
 
 
 # A rebuild first locks its workspaces, then their servers (FOR KEY SHARE, as a call log batch
