@@ -166,8 +166,10 @@ CREATE TABLE servers (
     CONSTRAINT servers_credentials_match CHECK ((auth_type IS NULL) = (credentials IS NULL))
 );
 CREATE INDEX servers_next_probe_idx ON servers (next_probe_at);
+-- The name too: a toolset's tool names start with it (gateway/toolsets).
 CREATE TRIGGER servers_invalidate
-    AFTER UPDATE OF url, auth_type, credentials, disabled_tools, rate_limit OR DELETE ON servers
+    AFTER UPDATE OF name, url, auth_type, credentials, disabled_tools, rate_limit OR DELETE
+    ON servers
     FOR EACH ROW EXECUTE FUNCTION notify_invalidate('id');
 
 -- Written only through gateway/db/health_checks.py, which keeps health_hourly and the
@@ -206,6 +208,35 @@ CREATE TABLE health_hourly (
     -- Covering, so the summary is an index-only scan: a year for 200 servers in ~0.1 s.
     PRIMARY KEY (server_id, hour) INCLUDE (healthy, degraded, down, latency_sum)
 );
+
+-- == toolsets ==
+
+-- One MCP endpoint over several servers of a workspace (gateway/toolsets). Members are kept in
+-- order: when two expose the same tool name, the first one's tool wins.
+CREATE TABLE toolsets (
+    id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    workspace_id  uuid NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
+    name          text NOT NULL,
+    description   text NOT NULL DEFAULT '',
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT toolsets_workspace_id_name_key UNIQUE (workspace_id, name)
+);
+CREATE TRIGGER toolsets_invalidate AFTER INSERT OR UPDATE OR DELETE ON toolsets
+    FOR EACH ROW EXECUTE FUNCTION notify_invalidate('id');
+
+-- A deleted server leaves its toolsets (the cascade), which its trigger tells every process.
+CREATE TABLE toolset_servers (
+    toolset_id  uuid NOT NULL REFERENCES toolsets (id) ON DELETE CASCADE,
+    server_id   uuid NOT NULL REFERENCES servers (id) ON DELETE CASCADE,
+    position    integer NOT NULL,
+    tools       text[],  -- tool name globs (* and ?); null: every tool
+    prefix      text,    -- null: the server's name in [a-z0-9_] and '__'; '': none
+    PRIMARY KEY (toolset_id, server_id)
+);
+CREATE INDEX toolset_servers_server_idx ON toolset_servers (server_id);
+CREATE TRIGGER toolset_servers_invalidate AFTER INSERT OR UPDATE OR DELETE ON toolset_servers
+    FOR EACH ROW EXECUTE FUNCTION notify_invalidate('toolset_id');
 
 -- == tool calls ==
 
@@ -274,6 +305,9 @@ CREATE TABLE tool_calls (
     output_size_bytes  bigint,
     error_message      text,
     created_at         timestamptz NOT NULL,
+    -- The toolset the call came through (gateway/toolsets); null for the per-server proxy and
+    -- ingested calls. No foreign key: a deleted toolset's calls keep saying where they came from.
+    toolset_id         uuid,
     -- A partitioned table's unique keys must hold its partition key. The ids are unique by
     -- themselves (UUIDv7 made by the gateway, never by a client); a retried batch's rows come
     -- again with the same created_at, so this still refuses them twice.
@@ -501,4 +535,4 @@ CREATE UNLOGGED TABLE call_budgets (
 );
 CREATE INDEX call_budgets_expiry_idx ON call_budgets (expires_at);
 
-INSERT INTO schema_version (version) VALUES (9);
+INSERT INTO schema_version (version) VALUES (10);
