@@ -50,6 +50,10 @@ from gateway.policy.budgets import BUDGETS, budgets_for
 from gateway.proxy import handler as proxy
 from gateway.security.secretbox import SECRET_BOX, SecretBox
 from gateway.security.untrusted_schemas import SCHEMA_CHECKER, SchemaChecker
+from gateway.toolsets import endpoint as toolset_endpoint
+from gateway.toolsets.endpoint import TOOLSET_ENDPOINT, ToolsetEndpoint
+from gateway.toolsets.registry import Toolsets
+from gateway.toolsets.sessions import Sealer
 from gateway.upstreams.servers import UPSTREAMS, Upstreams
 from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS, ToolLists
 
@@ -70,6 +74,7 @@ API_MODULES = (
     auth_api.routes,
     workspaces_api.routes,
     proxy.routes,
+    toolset_endpoint.routes,
     tool_calls_api.routes,
     servers_api.routes,
     tools_api.routes,
@@ -110,6 +115,12 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     )
     app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
+    toolsets = Toolsets(
+        pool, app[CACHES], app[UPSTREAMS], index_seconds=settings.tools_cache_seconds
+    )
+    app[TOOLSET_ENDPOINT] = ToolsetEndpoint(
+        toolsets, Sealer(settings.secret_keys), service_version()
+    )
     yield
     await pool.close()
 

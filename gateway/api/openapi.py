@@ -124,6 +124,8 @@ def _operation(endpoint: Endpoint, components: _Components) -> dict[str, Any]:
             }
         }
     responses: dict[str, Any] = {str(endpoint.status): success}
+    for code in endpoint.bodiless:
+        responses[str(code)] = {"description": HTTPStatus(code).phrase}
     error_bodies = dict(endpoint.error_bodies)
     for code in sorted({*endpoint.errors, *error_bodies}):
         shape = error_bodies.get(code)

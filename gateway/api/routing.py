@@ -60,6 +60,8 @@ class Endpoint:
     # Error statuses whose body is not {"detail": ...}, with their shape (the proxy answers
     # MCP clients in JSON-RPC).
     error_bodies: tuple[tuple[int, Any], ...] = ()
+    # Other success statuses, answered without a body (an MCP notification's 202).
+    bodiless: tuple[int, ...] = ()
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Routes:
         media_type: str = "application/json",
         request_body: Any = None,
         error_bodies: dict[int, Any] | None = None,
+        bodiless: Iterable[int] = (),
     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
         def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             hints = typing.get_type_hints(fn)
@@ -102,6 +105,7 @@ class Routes:
                 media_type=media_type,
                 request_body=request_body,
                 error_bodies=tuple((error_bodies or {}).items()),
+                bodiless=tuple(bodiless),
             )
             self.endpoints.append((endpoint, fn))
             return fn

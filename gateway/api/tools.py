@@ -133,7 +133,12 @@ async def list_tools(request: web.Request, server_id: uuid.UUID) -> dict[str, An
     return {
         "server_id": upstream.id,
         "tools": [
-            {**tool, "disabled": disabled is not None and disabled.match(tool["name"])}
+            {
+                "name": tool["name"],
+                "description": tool["description"],
+                "inputSchema": tool["inputSchema"],
+                "disabled": disabled is not None and disabled.match(tool["name"]),
+            }
             for tool in listing.tools
         ],
         "cached": listing.cached,

@@ -205,22 +205,21 @@ class McpClient:
         session_id, self._session_id = self._session_id, None
         if session_id is None:
             return
-        headers = self._base_headers()
-        headers["Mcp-Session-Id"] = session_id
-        if self._protocol_version is not None:
-            headers["MCP-Protocol-Version"] = self._protocol_version
-        try:
-            async with (
-                asyncio.timeout(min(self._timeout, _CLOSE_TIMEOUT)),
-                self._http.delete(self._url, headers=headers, allow_redirects=False) as resp,
-            ):
-                log.debug(
-                    "MCP session closed", extra={"upstream": self._where, "status": resp.status}
-                )
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            log.debug(
-                "MCP session DELETE failed: %s", type(exc).__name__, extra={"upstream": self._where}
-            )
+        await end_session(
+            self._http,
+            self._url,
+            self._base_headers(),
+            session_id,
+            self._protocol_version,
+            min(self._timeout, _CLOSE_TIMEOUT),
+        )
+
+    def keep_session(self) -> tuple[str | None, str | None]:
+        """(protocol version, session id) of the connected upstream, which close() will then
+        leave open: for a caller that goes on using the session without this client (a
+        toolset keeps its members' sessions inside its own session id)."""
+        session_id, self._session_id = self._session_id, None
+        return self._protocol_version, session_id
 
     async def list_tools(self, hold: ToolListHold | None = None) -> list[dict[str, Any]]:
         """Every tool of the upstream, following `nextCursor` to the last page.
@@ -555,6 +554,32 @@ class McpClient:
             if method == "tools/call" and isinstance(name, str) and isinstance(arguments, Mapping):
                 headers.update(param_headers(self._header_map(name), arguments))
         return headers
+
+
+async def end_session(
+    http: aiohttp.ClientSession,
+    url: str,
+    headers: CIMultiDict[str],
+    session_id: str,
+    protocol_version: str | None,
+    timeout: float,  # noqa: ASYNC109 -- a DELETE nobody waits long for
+) -> None:
+    """DELETE an upstream session (`headers`: the server's credentials); failures only get a
+    debug line: the session then ends when the server expires it."""
+    headers = headers.copy()
+    headers["Mcp-Session-Id"] = session_id
+    headers["Accept-Encoding"] = "identity"
+    if protocol_version is not None:
+        headers["MCP-Protocol-Version"] = protocol_version
+    where = host_of(url)
+    try:
+        async with (
+            asyncio.timeout(timeout),
+            http.delete(url, headers=headers, allow_redirects=False) as resp,
+        ):
+            log.debug("MCP session closed", extra={"upstream": where, "status": resp.status})
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        log.debug("MCP session DELETE failed: %s", type(exc).__name__, extra={"upstream": where})
 
 
 async def _scan_sse(

@@ -41,12 +41,17 @@ class Refused(Exception):
         self.retry_after = retry_after
 
 
+def check_proxy(key: KeyRules | None) -> None:
+    """Rule 1, first half: whether the key may send anything through the gateway."""
+    if key is not None and "proxy" not in key.permissions:
+        raise Refused(403, "this API key does not have the proxy permission")
+
+
 def check_server(key: KeyRules | None, server_id: uuid.UUID) -> None:
     """Rule 1: whether the key may send anything to this server."""
     if key is None:
         return
-    if "proxy" not in key.permissions:
-        raise Refused(403, "this API key does not have the proxy permission")
+    check_proxy(key)
     if key.servers is not None and server_id not in key.servers:
         raise Refused(403, "this API key may not use this server")
 

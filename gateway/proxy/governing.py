@@ -6,6 +6,7 @@ call. Only requests a rule applies to come here.
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -45,19 +46,23 @@ async def govern(
     body: bytes,
     calls: list[ToolCallSeen],
     started: float,
+    *,
+    toolset_id: uuid.UUID | None = None,
 ) -> Filtering | None:
     """Raises the refusal of a request the rules refuse (after logging its calls); else what
-    to filter in its reply, if anything."""
+    to filter in its reply, if anything. A toolset's call (`toolset_id`) has had its Mcp-Name
+    checked against the name the client used, which is not the server's."""
     try:
         decisions.check_server(key, upstream.id)
         if calls:
             names = [call.name for call in calls]
             decisions.check_tools(key, upstream.rules, names)
-            _check_mcp_name(request, names)
+            if toolset_id is None:
+                check_mcp_name(request, names)
             await decisions.take_calls(budgets, key, upstream.rules, len(calls))
     except decisions.Refused as refused:
-        _log_refusal(request, call_log, upstream, calls, refused, started)
-        raise _answer(refused, calls) from None
+        _log_refusal(request, call_log, upstream, calls, refused, started, toolset_id)
+        raise refusal(refused, calls) from None
     visible = decisions.tool_filter(key, upstream.rules)
     if visible is None or not body:
         return None
@@ -65,7 +70,7 @@ async def govern(
     return None if ids is None else Filtering(ids, visible)
 
 
-def _check_mcp_name(request: web.Request, names: list[str]) -> None:
+def check_mcp_name(request: web.Request, names: list[str]) -> None:
     """A 2026-07-28 call names its tool in a header too; a server that routes by the header
     must not run another tool than the one the rules were checked against."""
     header = request.headers.get("Mcp-Name")
@@ -86,6 +91,7 @@ def _log_refusal(
     calls: list[ToolCallSeen],
     refused: decisions.Refused,
     started: float,
+    toolset_id: uuid.UUID | None,
 ) -> None:
     if not calls:
         return  # nothing was called (an initialize, a GET stream): nothing to log
@@ -96,10 +102,10 @@ def _log_refusal(
     outcome = Outcome(calls)
     outcome.status = refused.status
     outcome.error = f"refused: {refused.reason}"
-    record_calls(request, call_log, reservation, upstream, outcome, started)
+    record_calls(request, call_log, reservation, upstream, outcome, started, toolset_id)
 
 
-def _answer(refused: decisions.Refused, calls: list[ToolCallSeen]) -> Exception:
+def refusal(refused: decisions.Refused, calls: list[ToolCallSeen]) -> Exception:
     headers = None
     if refused.retry_after:
         headers = {"Retry-After": str(math.ceil(refused.retry_after))}

@@ -225,7 +225,6 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
         headers = upstream_headers(request.headers, upstream.auth_headers)
         body = b""
         calls: list[ToolCallSeen] = []
-        reservation: Reservation | None = None
         if request.body_exists:
             if (request.content_length or 0) > proxying.max_body_bytes:
                 raise PayloadTooLarge(f"request body over {proxying.max_body_bytes} bytes")
@@ -252,33 +251,56 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
                 calls,
                 started,
             )
-        if calls:
-            # Forwarded, calls the log has no room for would run unlogged (it is full, or this
-            # workspace holds its share): refused before anything is sent. Their rows are
-            # added when the reply ends.
-            reservation = proxying.call_log.reserve(workspace_id, len(calls))
-            if reservation is None:
-                raise no_room()
-        outcome = Outcome(calls)
-        try:
-            return await _exchange(request, proxying, upstream, headers, body, outcome, filtering)
-        except asyncio.CancelledError:
-            # aiohttp cancels the handler when the caller hangs up (handler_cancellation), and
-            # when the gateway shuts down, which leaves the caller's connection open until
-            # then.
-            if _caller_gone(request):
-                outcome.cancelled = True
-            elif outcome.error is None:
-                outcome.error = "the gateway shut down before the response arrived"
-                outcome.kind = "shutdown"
-            raise
-        finally:
-            if reservation is not None:
-                record_calls(request, proxying.call_log, reservation, upstream, outcome, started)
-            count_exchange(proxying.metrics, request.method, server_id, outcome, started)
+        return await forward(request, proxying, upstream, headers, body, calls, started, filtering)
     finally:
         slot[0] -= 1
         in_flight.count -= 1
+
+
+async def forward(
+    request: web.Request,
+    proxying: Proxying,
+    upstream: Upstream,
+    headers: CIMultiDict[str],
+    body: bytes,
+    calls: list[ToolCallSeen],
+    started: float,
+    filtering: Filtering | None = None,
+    *,
+    toolset_id: uuid.UUID | None = None,
+    pass_back: tuple[str, ...] = PASS_BACK,
+) -> web.StreamResponse:
+    """Send a request the rules let through to the upstream and stream its reply back; its
+    `tools/call`s are logged when the reply ends. The proxy's, and a toolset's for a call it
+    routes to a member (its `toolset_id` on the rows, its own `pass_back` headers)."""
+    reservation: Reservation | None = None
+    if calls:
+        # Forwarded, calls the log has no room for would run unlogged (it is full, or this
+        # workspace holds its share): refused before anything is sent. Their rows are added
+        # when the reply ends.
+        reservation = proxying.call_log.reserve(upstream.workspace_id, len(calls))
+        if reservation is None:
+            raise no_room()
+    outcome = Outcome(calls)
+    try:
+        return await _exchange(
+            request, proxying, upstream, headers, body, outcome, filtering, pass_back
+        )
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler when the caller hangs up (handler_cancellation), and
+        # when the gateway shuts down, which leaves the caller's connection open until then.
+        if _caller_gone(request):
+            outcome.cancelled = True
+        elif outcome.error is None:
+            outcome.error = "the gateway shut down before the response arrived"
+            outcome.kind = "shutdown"
+        raise
+    finally:
+        if reservation is not None:
+            record_calls(
+                request, proxying.call_log, reservation, upstream, outcome, started, toolset_id
+            )
+        count_exchange(proxying.metrics, request.method, upstream.id, outcome, started)
 
 
 @functools.cache
@@ -298,6 +320,7 @@ async def _exchange(
     body: bytes,
     outcome: Outcome,
     filtering: Filtering | None,
+    pass_back: tuple[str, ...],
 ) -> web.StreamResponse:
     timeout_seconds = proxying.timeout_seconds
     is_get = request.method == "GET"
@@ -332,7 +355,7 @@ async def _exchange(
             raise BadGateway(outcome.error)
         # Not CIMultiDict[str](): calling the generic alias costs eight times as much.
         headers = CIMultiDict()
-        for name in PASS_BACK:
+        for name in pass_back:
             value = reply.headers.get(name)
             if value is not None:
                 headers[name] = value
@@ -526,17 +549,7 @@ def _describe(exc: BaseException) -> str:
     status=204,
 )
 async def preflight(request: web.Request, server_id: uuid.UUID) -> web.Response:
-    requested = request.headers.get("Access-Control-Request-Headers")
-    return web.Response(
-        status=204,
-        headers={
-            **cors.ANSWER_HEADERS,
-            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-            # Echoed, so the caller's Mcp-Param-* headers are allowed too.
-            "Access-Control-Allow-Headers": requested or cors.ALLOW_HEADERS,
-            "Access-Control-Max-Age": "86400",
-        },
-    )
+    return cors.preflight(request)
 
 
 # What the proxy uses on every request (set once the cleanup contexts have run).

@@ -129,6 +129,7 @@ def record_calls(
     upstream: Upstream,
     outcome: Outcome,
     started: float,
+    toolset_id: uuid.UUID | None = None,
 ) -> None:
     reader = outcome.reader
     answered_at = None if reader is None else reader.answered_at

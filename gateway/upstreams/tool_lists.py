@@ -60,7 +60,8 @@ _CACHE_ERRORS = (OSError, TimeoutError, RedisError)
 # weakref_slot: the list's memory is given back when the last request using it lets it go.
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class ToolList:
-    # Descriptors {name, description, inputSchema}, in the upstream's order.
+    # The tools in the upstream's order: name, description, inputSchema (never missing), and
+    # title, outputSchema, annotations where the server gave them.
     tools: list[dict[str, Any]]
     fetched_at: datetime
     cached: bool
@@ -338,15 +339,19 @@ class ToolLists:
             log.warning("tool list cache unavailable, not dropping %s: %s", key, exc)
 
 
+# What a tool object keeps of what the server listed (a toolset lists them to its clients).
+_TOOL_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+
+
 def _descriptor(tool: dict[str, Any]) -> dict[str, Any]:
-    """The playground's view of a tool; a missing description or schema gets a neutral one."""
+    """A tool as the lists keep it: its definition, where a missing description or schema
+    gets a neutral one."""
+    kept = {field: tool[field] for field in _TOOL_FIELDS if field in tool}
     description = tool.get("description")
     schema = tool.get("inputSchema")
-    return {
-        "name": tool["name"],
-        "description": description if isinstance(description, str) else "",
-        "inputSchema": schema if isinstance(schema, dict) else {"type": "object"},
-    }
+    kept["description"] = description if isinstance(description, str) else ""
+    kept["inputSchema"] = schema if isinstance(schema, dict) else {"type": "object"}
+    return kept
 
 
 # The playground's upstream tool lists (kept in SHARED_CACHE).

@@ -1,0 +1,563 @@
+"""/api/v1/toolsets/{id}/mcp: a toolset as one MCP server, for clients of both protocol eras.
+
+The gateway answers the protocol itself (`initialize`, `server/discover`, `ping`, `tools/list`)
+and forwards each `tools/call` to the member that owns the tool, under the tool's own name,
+through the proxy's exchange (gateway/proxy/handler.forward): the reply is relayed as it
+arrives, JSON or SSE, and the call is logged against that server and tool with the toolset's
+id. Key scopes, tool rules and rate limits apply to each call as in the proxy.
+
+Sessions (2025-03-26 .. 2025-11-25): `initialize` opens a session with every member the caller
+may use, at once and concurrently, and seals them into the client's Mcp-Session-Id
+(gateway/toolsets/sessions); DELETE ends them. A member that could not be reached then is
+reached with a session of one request. 2026-07-28 clients need no session: a call to a member
+that keeps sessions opens one for that request and ends it after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Annotated, Any, Final
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+from pydantic import Field
+
+from gateway.accounts.access import MCP, PRINCIPAL, Access, Principal
+from gateway.api.routing import Routes, read_bytes
+from gateway.errors import BadGateway, GatewayTimeout, JsonRpcRefusal, NotFound, PayloadTooLarge
+from gateway.keys import HTTP, SETTINGS
+from gateway.mcp.client import (
+    HANDSHAKE_PROTOCOL_VERSION,
+    MODERN_PROTOCOL_VERSION,
+    McpClient,
+    end_session,
+)
+from gateway.mcp.errors import McpError
+from gateway.mcp.headers import header_text, header_value, param_header_map, param_headers
+from gateway.policy import decisions
+from gateway.proxy import cors
+from gateway.proxy.governing import HEADER_MISMATCH, govern, refusal
+from gateway.proxy.handler import (
+    PROXYING,
+    JsonRpcErrorResponse,
+    JsonRpcMessage,
+    Proxying,
+    Refusal,
+    RuledOut,
+    UpstreamReply,
+    forward,
+)
+from gateway.proxy.headers import PASS_BACK, upstream_headers
+from gateway.proxy.requests import ToolCallSeen
+from gateway.toolsets.names import Exposed
+from gateway.toolsets.registry import Listing, Toolset, Toolsets
+from gateway.toolsets.sessions import (
+    MemberSession,
+    Sealer,
+    Session,
+    caller,
+    kept_capabilities,
+)
+from gateway.upstreams.servers import Upstream
+from gateway.upstreams.tool_lists import TOOL_LISTS
+
+log = logging.getLogger(__name__)
+
+routes = Routes("toolsets")
+
+TOOLSET_PATH = "/toolsets/{toolset_id}/mcp"
+
+# 404 is the toolset's {detail}, or a session's JSON-RPC error (the client then initialises).
+NotKnown = Annotated[
+    Refusal | JsonRpcErrorResponse,
+    Field(description="no such toolset: {detail}; a session id it does not know: JSON-RPC -32001"),
+]
+
+# The 2025 revisions a session may speak; an initialize asking for another gets the latest.
+_SESSION_VERSIONS: Final = frozenset({"2025-03-26", "2025-06-18", HANDSHAKE_PROTOCOL_VERSION})
+_META_PROTOCOL_VERSION: Final = "io.modelcontextprotocol/protocolVersion"
+_META_CLIENT_INFO: Final = "io.modelcontextprotocol/clientInfo"
+_META_CLIENT_CAPABILITIES: Final = "io.modelcontextprotocol/clientCapabilities"
+_CAPABILITIES: Final = {"tools": {"listChanged": False}}
+# JSON-RPC codes of the MCP transport (as the SDK servers answer them).
+_INVALID_REQUEST: Final = -32600
+_METHOD_NOT_FOUND: Final = -32601
+_INVALID_PARAMS: Final = -32602
+_PARSE_ERROR: Final = -32700
+_NO_SESSION: Final = -32000
+_SESSION_NOT_FOUND: Final = -32001
+_UNSUPPORTED_VERSION: Final = -32022
+# A member's reply keeps its own session id: the client's is the toolset's.
+_PASS_BACK: Final = tuple(name for name in PASS_BACK if name.lower() != "mcp-session-id")
+
+
+class ToolsetEndpoint:
+    """What the endpoint uses: the toolsets, the session sealer, the proxy's parts."""
+
+    def __init__(self, toolsets: Toolsets, sealer: Sealer, server_version: str) -> None:
+        self.toolsets = toolsets
+        self.sealer = sealer
+        self.server_version = server_version
+
+
+TOOLSET_ENDPOINT: web.AppKey[ToolsetEndpoint] = web.AppKey("toolset_endpoint")
+
+
+@routes.route(
+    "POST",
+    TOOLSET_PATH,
+    summary="A toolset's MCP endpoint",
+    access=MCP,
+    request_body=JsonRpcMessage,
+    response=UpstreamReply,
+    errors=(400, 403, 404, 413, 429, 502, 503, 504),
+    error_bodies={
+        400: JsonRpcErrorResponse,
+        403: RuledOut,
+        404: NotKnown,
+        429: RuledOut,
+    },
+    bodiless=(202,),
+)
+@routes.route(
+    "GET",
+    TOOLSET_PATH,
+    summary="No server-initiated stream: 405",
+    access=MCP,
+    errors=(403, 404, 405),
+)
+@routes.route(
+    "DELETE",
+    TOOLSET_PATH,
+    summary="End a toolset session and its member sessions",
+    access=MCP,
+    errors=(400, 403, 404, 429),
+    error_bodies={400: JsonRpcErrorResponse, 404: NotKnown},
+)
+async def toolset_mcp(request: web.Request, toolset_id: uuid.UUID) -> web.StreamResponse:
+    """One MCP server over the toolset's members, for 2026-07-28 clients (`server/discover`,
+    no session) and 2025-03-26 .. 2025-11-25 ones (`initialize`, `Mcp-Session-Id`).
+    `tools/list` merges the members' tools under the toolset's names (docs/behaviour.md,
+    "Toolsets"), leaving out a member that cannot be listed and the tools the caller may not
+    call; `tools/call` goes to the owning member under the tool's own name, its reply relayed as
+    it arrives (JSON, or SSE with progress), and is logged against that server and tool with
+    `toolset_id`. Rules apply as in the proxy. A session id that is forged, expired (after 24
+    hours), of another toolset or of another caller is 404: the client initialises again.
+    GET is 405 (no server-initiated stream); JSON-RPC batches are refused (-32600)."""
+    started = time.perf_counter()
+    endpoint = request.app[TOOLSET_ENDPOINT]
+    proxying = request.app[PROXYING]
+    principal = request[PRINCIPAL]
+    toolset = await endpoint.toolsets.get(toolset_id, principal.workspace_id)
+    if toolset is None:
+        raise NotFound("toolset not found")
+    try:
+        decisions.check_proxy(principal.rules)
+    except decisions.Refused as refused:
+        raise refusal(refused, []) from None
+    if request.method == "GET":
+        raise web.HTTPMethodNotAllowed("GET", ["POST", "DELETE"])
+    with proxying.in_flight.holding(principal.workspace_id):
+        if request.method == "DELETE":
+            return await _end(request, endpoint, proxying, toolset, principal)
+        message = await _message(request, proxying)
+        return await _answer(request, endpoint, proxying, toolset, principal, message, started)
+
+
+@routes.route(
+    "OPTIONS",
+    TOOLSET_PATH,
+    summary="CORS preflight for browser MCP clients",
+    access=Access(authenticated=False, api_key=True),
+    status=204,
+)
+async def preflight(request: web.Request, toolset_id: uuid.UUID) -> web.Response:
+    return cors.preflight(request)
+
+
+async def _message(request: web.Request, proxying: Proxying) -> dict[str, Any]:
+    """The request's one JSON-RPC message (400 with a JSON-RPC error otherwise)."""
+    if (request.content_length or 0) > proxying.max_body_bytes:
+        raise PayloadTooLarge(f"request body over {proxying.max_body_bytes} bytes")
+    raw = await read_bytes(request)
+    try:
+        message = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise JsonRpcRefusal(400, _PARSE_ERROR, "Parse error: the body is not JSON") from None
+    if isinstance(message, list):
+        raise JsonRpcRefusal(400, _INVALID_REQUEST, "a toolset takes one message, not a batch")
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        raise JsonRpcRefusal(400, _INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message")
+    method = message.get("method")
+    if method is not None and not isinstance(method, str):
+        raise JsonRpcRefusal(400, _INVALID_REQUEST, "Invalid Request: method is not a string")
+    params = message.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise JsonRpcRefusal(400, _INVALID_REQUEST, "Invalid Request: params is not an object")
+    return message
+
+
+async def _answer(
+    request: web.Request,
+    endpoint: ToolsetEndpoint,
+    proxying: Proxying,
+    toolset: Toolset,
+    principal: Principal,
+    message: dict[str, Any],
+    started: float,
+) -> web.StreamResponse:
+    method = message.get("method")
+    rid = message.get("id")
+    version = request.headers.get("MCP-Protocol-Version")
+    modern = version == MODERN_PROTOCOL_VERSION
+    if modern:
+        _check_headers(request, message)
+    elif version is not None and version not in _SESSION_VERSIONS and method != "initialize":
+        raise JsonRpcRefusal(
+            400, _UNSUPPORTED_VERSION, f"Unsupported protocol version: {version}", _rid(rid)
+        )
+    if method == "initialize" and not modern:
+        return await _initialize(request, endpoint, toolset, principal, message)
+    session = None if modern else _session(request, endpoint, toolset, principal, rid)
+    if method is None or "id" not in message:
+        # Notifications, and a client's answers to a server's requests (which a toolset does
+        # not route: it makes no requests of its own).
+        return web.Response(status=202, headers=_cors(request))
+    if method == "ping":
+        return _result(request, rid, {}, modern)
+    if method == "server/discover" and modern:
+        return _result(request, rid, _discover(endpoint, toolset), modern)
+    if method == "tools/list":
+        listing = await endpoint.toolsets.listing(toolset, request.app[TOOL_LISTS])
+        tools = [_listed(tool) for tool in _visible(listing, principal)]
+        result: dict[str, Any] = {"tools": tools}
+        if modern:
+            result |= {"cacheScope": "private", "ttlMs": 0}
+        return _result(request, rid, result, modern)
+    if method == "tools/call":
+        return await _call(
+            request, endpoint, proxying, toolset, principal, message, session, started
+        )
+    return _error(request, rid, _METHOD_NOT_FOUND, f"Method not found: {method}")
+
+
+def _check_headers(request: web.Request, message: dict[str, Any]) -> None:
+    """2026-07-28: Mcp-Method, and Mcp-Name for a call, must say what the body says."""
+    method = request.headers.get("Mcp-Method")
+    if method is not None and method != message.get("method"):
+        raise JsonRpcRefusal(
+            400,
+            HEADER_MISMATCH,
+            "Header mismatch: the Mcp-Method header does not name the body's method",
+            _rid(message.get("id")),
+        )
+    name = request.headers.get("Mcp-Name")
+    params = message.get("params") or {}
+    if (
+        name is not None
+        and message.get("method") == "tools/call"
+        and header_text(name) != params.get("name")
+    ):
+        raise JsonRpcRefusal(
+            400,
+            HEADER_MISMATCH,
+            "Header mismatch: the Mcp-Name header does not name the tool the body calls",
+            _rid(message.get("id")),
+        )
+
+
+def _session(
+    request: web.Request,
+    endpoint: ToolsetEndpoint,
+    toolset: Toolset,
+    principal: Principal,
+    rid: Any,
+) -> Session:
+    """The client's session: 400 without one, 404 for one that is not (or no longer) valid."""
+    session_id = request.headers.get("Mcp-Session-Id")
+    if session_id is None:
+        raise JsonRpcRefusal(
+            400, _NO_SESSION, "Bad Request: No valid session ID provided", _rid(rid)
+        )
+    session = endpoint.sealer.open(session_id)
+    if session is None or session.toolset_id != toolset.id or session.caller != caller(principal):
+        raise JsonRpcRefusal(404, _SESSION_NOT_FOUND, "Session not found", _rid(rid))
+    return session
+
+
+async def _initialize(
+    request: web.Request,
+    endpoint: ToolsetEndpoint,
+    toolset: Toolset,
+    principal: Principal,
+    message: dict[str, Any],
+) -> web.StreamResponse:
+    """A new session: one with every member the caller may use, opened concurrently."""
+    params = message.get("params") or {}
+    asked = params.get("protocolVersion")
+    version = asked if asked in _SESSION_VERSIONS else HANDSHAKE_PROTOCOL_VERSION
+    upstreams = [
+        upstream
+        for upstream in await _members(request, toolset)
+        if _may_use(principal, upstream.id)
+    ]
+    opened = await asyncio.gather(*(_open(request, upstream) for upstream in upstreams))
+    info = params.get("clientInfo")
+    session = Session(
+        toolset_id=toolset.id,
+        caller=caller(principal),
+        protocol_version=version,
+        client_capabilities=kept_capabilities(params.get("capabilities")),
+        client_info=info if isinstance(info, dict) and len(orjson.dumps(info)) <= 512 else {},
+        members=tuple(member for member in opened if member is not None),
+    )
+    result = {
+        "protocolVersion": version,
+        "capabilities": _CAPABILITIES,
+        "serverInfo": {"name": toolset.name, "version": endpoint.server_version},
+    }
+    response = _result(request, message.get("id"), result, modern=False)
+    response.headers["Mcp-Session-Id"] = endpoint.sealer.seal(session)
+    return response
+
+
+async def _members(request: web.Request, toolset: Toolset) -> list[Upstream]:
+    """The toolset's member servers as the gateway reaches them, in order."""
+    upstreams = request.app[PROXYING].upstreams
+    found = []
+    for member in toolset.members:
+        upstream = await upstreams.get(member.server_id, toolset.workspace_id)
+        if upstream is not None:
+            found.append(upstream)
+    return found
+
+
+async def _open(request: web.Request, upstream: Upstream) -> MemberSession | None:
+    """A session with a member (None when it cannot be reached now)."""
+    timeout = request.app[SETTINGS].proxy_timeout_seconds
+    client = McpClient(request.app[HTTP], upstream.url, upstream.auth_headers, timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            await client.connect()
+    except (McpError, TimeoutError) as exc:
+        log.info("toolset member %s not reached at initialize: %s", upstream.id, exc)
+        await client.close()
+        return None
+    version, session_id = client.keep_session()
+    return MemberSession(upstream.id, version or HANDSHAKE_PROTOCOL_VERSION, session_id)
+
+
+async def _end(
+    request: web.Request,
+    endpoint: ToolsetEndpoint,
+    proxying: Proxying,
+    toolset: Toolset,
+    principal: Principal,
+) -> web.Response:
+    """DELETE: the member sessions end with the client's."""
+    session = _session(request, endpoint, toolset, principal, None)
+    upstreams = {upstream.id: upstream for upstream in await _members(request, toolset)}
+    timeout = min(proxying.timeout_seconds, 3.0)
+    await asyncio.gather(
+        *(
+            end_session(
+                proxying.http,
+                upstreams[member.server_id].url,
+                CIMultiDict(upstreams[member.server_id].auth_headers),
+                member.session_id,
+                member.protocol_version,
+                timeout,
+            )
+            for member in session.members
+            if member.session_id is not None and member.server_id in upstreams
+        )
+    )
+    return web.Response(status=200, headers=_cors(request))
+
+
+def _may_use(principal: Principal, server_id: uuid.UUID) -> bool:
+    try:
+        decisions.check_server(principal.rules, server_id)
+    except decisions.Refused:
+        return False
+    return True
+
+
+def _visible(listing: Listing, principal: Principal) -> list[Exposed]:
+    """The tools this caller may call: of the members its key may use, within its allowed
+    tools and outside each server's disabled ones."""
+    visible = []
+    filters: dict[uuid.UUID, Any] = {}
+    for tool in listing.merged.tools:
+        if not _may_use(principal, tool.server_id):
+            continue
+        upstream = listing.upstreams[tool.server_id]
+        if tool.server_id not in filters:
+            filters[tool.server_id] = decisions.tool_filter(principal.rules, upstream.rules)
+        allowed = filters[tool.server_id]
+        if allowed is None or allowed(tool.tool_name):
+            visible.append(tool)
+    return visible
+
+
+def _listed(tool: Exposed) -> dict[str, Any]:
+    return {**tool.tool, "name": tool.name}
+
+
+def _discover(endpoint: ToolsetEndpoint, toolset: Toolset) -> dict[str, Any]:
+    return {
+        "supportedVersions": [MODERN_PROTOCOL_VERSION],
+        "capabilities": _CAPABILITIES,
+        "cacheScope": "private",
+        "ttlMs": 0,
+        "_meta": {
+            "io.modelcontextprotocol/serverInfo": {
+                "name": toolset.name,
+                "version": endpoint.server_version,
+            }
+        },
+    }
+
+
+async def _call(
+    request: web.Request,
+    endpoint: ToolsetEndpoint,
+    proxying: Proxying,
+    toolset: Toolset,
+    principal: Principal,
+    message: dict[str, Any],
+    session: Session | None,
+    started: float,
+) -> web.StreamResponse:
+    """A tools/call, forwarded to the member that owns the tool under the tool's own name."""
+    rid = message.get("id")
+    params = message.get("params") or {}
+    name = params.get("name")
+    if not isinstance(name, str):
+        return _error(request, rid, _INVALID_PARAMS, "Invalid params: the tool name is missing")
+    tool, listing = await endpoint.toolsets.find(toolset, name, request.app[TOOL_LISTS])
+    if tool is None or tool not in _visible(listing, principal):
+        return _error(request, rid, _INVALID_PARAMS, f"Unknown tool: {name}")
+    upstream = listing.upstreams[tool.server_id]
+    member = None if session is None else session.member(upstream.id)
+    one_off: McpClient | None = None
+    if member is None:
+        # No session with it (a 2026-07-28 client, or a member not reached at initialize):
+        # one for this request, ended once its reply has passed.
+        one_off = McpClient(
+            proxying.http, upstream.url, upstream.auth_headers, proxying.timeout_seconds
+        )
+        member = await _one_off(one_off, upstream, proxying.timeout_seconds)
+    try:
+        body, headers = _forwarded(request, message, tool, upstream, member, session)
+        calls = [ToolCallSeen(tool.tool_name, rid)]
+        filtering = None
+        if principal.rules is not None or upstream.rules is not None:
+            filtering = await govern(
+                request,
+                proxying.budgets,
+                proxying.call_log,
+                principal.rules,
+                upstream,
+                body,
+                calls,
+                started,
+                toolset_id=toolset.id,
+            )
+        return await forward(
+            request,
+            proxying,
+            upstream,
+            headers,
+            body,
+            calls,
+            started,
+            filtering,
+            toolset_id=toolset.id,
+            pass_back=_PASS_BACK,
+        )
+    finally:
+        if one_off is not None:
+            await one_off.close()
+
+
+async def _one_off(client: McpClient, upstream: Upstream, seconds: float) -> MemberSession:
+    """A member reached for one request (the caller closes the client once it is done)."""
+    try:
+        async with asyncio.timeout(seconds):
+            await client.connect()
+    except TimeoutError:
+        await client.close()
+        raise GatewayTimeout(f"the server did not answer within {seconds:g} s") from None
+    except McpError as exc:
+        await client.close()
+        raise BadGateway(f"cannot reach the server: {exc}") from None
+    version = client.protocol_version or HANDSHAKE_PROTOCOL_VERSION
+    return MemberSession(upstream.id, version, client.session_id)
+
+
+def _forwarded(
+    request: web.Request,
+    message: dict[str, Any],
+    tool: Exposed,
+    upstream: Upstream,
+    member: MemberSession,
+    session: Session | None,
+) -> tuple[bytes, CIMultiDict[str]]:
+    """The call as the member takes it: the tool's own name, the server's credentials, the
+    member's version and session, and for a 2026-07-28 member what that era wants in headers
+    and `_meta` (a 2025-era client's session says who the client is)."""
+    params = dict(message.get("params") or {})
+    params["name"] = tool.tool_name
+    headers = upstream_headers(request.headers, upstream.auth_headers)
+    headers["MCP-Protocol-Version"] = member.protocol_version
+    headers.popall("Mcp-Session-Id", None)
+    if member.session_id is not None:
+        headers["Mcp-Session-Id"] = member.session_id
+    if member.protocol_version == MODERN_PROTOCOL_VERSION:
+        headers["Mcp-Method"] = "tools/call"
+        headers["Mcp-Name"] = header_value(tool.tool_name)
+        if session is not None:
+            meta = dict(params.get("_meta") or {})
+            meta.setdefault(_META_PROTOCOL_VERSION, MODERN_PROTOCOL_VERSION)
+            meta.setdefault(_META_CLIENT_INFO, session.client_info)
+            meta.setdefault(_META_CLIENT_CAPABILITIES, session.client_capabilities)
+            params["_meta"] = meta
+            arguments = params.get("arguments")
+            if isinstance(arguments, Mapping):
+                mirrored = param_header_map(tool.tool.get("inputSchema"))
+                headers.update(param_headers(mirrored, arguments))
+    return orjson.dumps({**message, "params": params}), headers
+
+
+def _result(request: web.Request, rid: Any, result: dict[str, Any], modern: bool) -> web.Response:
+    if modern:
+        result = {**result, "resultType": "complete"}
+    return web.Response(
+        body=orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": result}),
+        content_type="application/json",
+        headers=_cors(request),
+    )
+
+
+def _error(request: web.Request, rid: Any, code: int, message: str) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(
+            {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+        ),
+        content_type="application/json",
+        headers=_cors(request),
+    )
+
+
+def _cors(request: web.Request) -> dict[str, str] | None:
+    return cors.ANSWER_HEADERS if "Origin" in request.headers else None
+
+
+def _rid(rid: Any) -> str | int | None:
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None

@@ -1,0 +1,121 @@
+"""A toolset's MCP endpoint with the official SDK client, both eras, over three real SDK
+servers: merged tool lists under the toolset's names, calls routed to their server and logged
+against it, sessions that live inside the session id."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+from cryptography.fernet import Fernet
+from mcp.shared.exceptions import MCPError
+
+from gateway.toolsets.endpoint import TOOLSET_ENDPOINT
+from gateway.toolsets.sessions import Sealer
+from tests.helpers.api import Account, Api
+from tests.helpers.proxying import ACCEPT, add_server, logged_calls, rpc, sdk_client
+
+
+@dataclass
+class Arranged:
+    api: Api
+    owner: Account
+    key: str
+    toolset_id: str
+    # Member server ids, in the toolset's order, and their names.
+    servers: list[str]
+    names: list[str]
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/toolsets/{self.toolset_id}/mcp"
+
+    @property
+    def url(self) -> str:
+        return str(self.api.client.make_url(self.path))
+
+
+async def arrange_toolset(api: Api, db: asyncpg.Connection, urls: list[str]) -> Arranged:
+    """A workspace with a key, a server per URL, and a toolset of them all (default prefixes)."""
+    owner = await api.signup()
+    key = await api.api_key(owner)
+    workspace_id = uuid.UUID(owner.workspace_id)
+    servers = [await add_server(api, db, owner, url) for url in urls]
+    toolset_id = await db.fetchval(
+        "INSERT INTO toolsets (workspace_id, name) VALUES ($1, 'agent tools') RETURNING id",
+        workspace_id,
+    )
+    for position, server_id in enumerate(servers):
+        await db.execute(
+            "INSERT INTO toolset_servers (toolset_id, server_id, position) VALUES ($1, $2, $3)",
+            toolset_id,
+            uuid.UUID(server_id),
+            position,
+        )
+    names = [
+        await db.fetchval("SELECT name FROM servers WHERE id = $1", uuid.UUID(s)) for s in servers
+    ]
+    return Arranged(api, owner, key, str(toolset_id), servers, names)
+
+
+def prefix(server_name: str) -> str:
+    return server_name.replace("-", "_") + "__"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_sdk_client_lists_and_calls_through_a_toolset_of_three_servers(
+    api: Api,
+    db: asyncpg.Connection,
+    sdk_stateful: str,
+    sdk_stateless: str,
+    sdk_sse_url: str,
+    mode: str,
+) -> None:
+    toolset = await arrange_toolset(api, db, [sdk_stateful, sdk_stateless, sdk_sse_url])
+    async with sdk_client(toolset.url, toolset.key, mode) as client:
+        listed = await client.list_tools()
+        names = {tool.name for tool in listed.tools}
+        for server_name in toolset.names:
+            assert f"{prefix(server_name)}add" in names
+        for i in range(3):
+            added = await client.call_tool(f"{prefix(toolset.names[i])}add", {"a": i, "b": 40})
+            assert added.structured_content == {"result": 40 + i}
+    rows = await logged_calls(db, 3)
+    assert [str(row["server_id"]) for row in rows] == toolset.servers
+    assert {row["tool_name"] for row in rows} == {"add"}
+    assert {row["status"] for row in rows} == {"success"}
+
+
+async def test_a_forged_session_id_is_404(
+    api: Api, db: asyncpg.Connection, sdk_stateless: str
+) -> None:
+    toolset = await arrange_toolset(api, db, [sdk_stateless])
+    reply = await api.post(
+        toolset.path,
+        json=rpc("tools/list"),
+        auth=toolset.key,
+        headers={"Accept": ACCEPT, "Mcp-Session-Id": "not-a-session"},
+    )
+    assert reply.status == 404
+    assert reply.body["error"]["message"] == "Session not found"
+
+
+async def test_a_session_no_longer_valid_is_404_and_a_new_session_works(
+    api: Api, db: asyncpg.Connection, sdk_stateful: str
+) -> None:
+    """Sessions sealed under keys the gateway no longer has are 404: the SDK client (mcp 2.3)
+    surfaces "Session not found" rather than initialising again by itself; the client an agent
+    opens next works."""
+    toolset = await arrange_toolset(api, db, [sdk_stateful])
+    tool = f"{prefix(toolset.names[0])}add"
+    endpoint = api.app[TOOLSET_ENDPOINT]
+    async with sdk_client(toolset.url, toolset.key, "legacy") as client:
+        first = await client.call_tool(tool, {"a": 1, "b": 1})
+        endpoint.sealer = Sealer((Fernet.generate_key().decode(),))
+        with pytest.raises(MCPError, match="Session not found"):
+            await client.call_tool(tool, {"a": 2, "b": 2})
+    async with sdk_client(toolset.url, toolset.key, "legacy") as client:
+        again = await client.call_tool(tool, {"a": 2, "b": 2})
+    assert (first.structured_content, again.structured_content) == ({"result": 2}, {"result": 4})
