@@ -62,7 +62,8 @@ async def govern(
             await decisions.take_calls(budgets, key, upstream.rules, len(calls))
     except decisions.Refused as refused:
         _log_refusal(request, call_log, upstream, calls, refused, started, toolset_id)
-        raise refusal(refused, calls) from None
+        # A toolset's client called one tool: even a refusal of the server is about that call.
+        raise refusal(refused, calls, to_calls=toolset_id is not None) from None
     visible = decisions.tool_filter(key, upstream.rules)
     if visible is None or not body:
         return None
@@ -105,18 +106,23 @@ def _log_refusal(
     record_calls(request, call_log, reservation, upstream, outcome, started, toolset_id)
 
 
-def refusal(refused: decisions.Refused, calls: list[ToolCallSeen]) -> Exception:
+def refusal(
+    refused: decisions.Refused, calls: list[ToolCallSeen], *, to_calls: bool = False
+) -> Exception:
+    """The answer to a refused request: {"detail"} for the request as a whole, a JSON-RPC
+    error to each call for its calls (`to_calls`: even when the whole request is refused)."""
     headers = None
     if refused.retry_after:
         headers = {"Retry-After": str(math.ceil(refused.retry_after))}
-    if refused.code is None:
+    code = refused.code if refused.code is not None or not to_calls else decisions.TOOL_REFUSED
+    if code is None or not calls:
         return Forbidden(refused.reason)
     message = f"refused by mcp-gateway: {refused.reason}"
     if len(calls) == 1:
-        return JsonRpcRefusal(refused.status, refused.code, message, calls[0].rid, headers=headers)
+        return JsonRpcRefusal(refused.status, code, message, calls[0].rid, headers=headers)
     # A batch is refused whole: an error for each of its calls that expects an answer.
-    answer = JsonRpcRefusal(refused.status, refused.code, message, headers=headers)
-    error = {"code": refused.code, "message": message}
+    answer = JsonRpcRefusal(refused.status, code, message, headers=headers)
+    error = {"code": code, "message": message}
     answer.body = orjson.dumps(
         [{"jsonrpc": "2.0", "id": c.rid, "error": error} for c in calls if c.rid is not None]
     )

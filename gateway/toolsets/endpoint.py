@@ -92,17 +92,38 @@ _PARSE_ERROR: Final = -32700
 _NO_SESSION: Final = -32000
 _SESSION_NOT_FOUND: Final = -32001
 _UNSUPPORTED_VERSION: Final = -32022
+# Members known to need no session, at most (then forgotten, and learnt again).
+_SESSIONLESS_KEPT: Final = 10_000
 # A member's reply keeps its own session id: the client's is the toolset's.
 _PASS_BACK: Final = tuple(name for name in PASS_BACK if name.lower() != "mcp-session-id")
 
 
 class ToolsetEndpoint:
-    """What the endpoint uses: the toolsets, the session sealer, the proxy's parts."""
+    """What the endpoint uses: the toolsets, the session sealer, and what it learnt of members
+    that need no session."""
 
     def __init__(self, toolsets: Toolsets, sealer: Sealer, server_version: str) -> None:
         self.toolsets = toolsets
         self.sealer = sealer
         self.server_version = server_version
+        # (server id, url) -> how to reach a member that issued no session (a 2026-07-28 or
+        # a stateless server): a client without a session with it then needs no handshake.
+        self._sessionless: dict[tuple[uuid.UUID, str], MemberSession] = {}
+
+    def sessionless(self, upstream: Upstream) -> MemberSession | None:
+        return self._sessionless.get((upstream.id, upstream.url))
+
+    def learnt(self, upstream: Upstream, member: MemberSession) -> None:
+        key = (upstream.id, upstream.url)
+        if member.session_id is not None:
+            self._sessionless.pop(key, None)
+            return
+        if len(self._sessionless) >= _SESSIONLESS_KEPT:
+            self._sessionless.clear()
+        self._sessionless[key] = member
+
+    def forget(self, upstream: Upstream) -> None:
+        self._sessionless.pop((upstream.id, upstream.url), None)
 
 
 TOOLSET_ENDPOINT: web.AppKey[ToolsetEndpoint] = web.AppKey("toolset_endpoint")
@@ -349,7 +370,9 @@ async def _open(request: web.Request, upstream: Upstream) -> MemberSession | Non
         await client.close()
         return None
     version, session_id = client.keep_session()
-    return MemberSession(upstream.id, version or HANDSHAKE_PROTOCOL_VERSION, session_id)
+    member = MemberSession(upstream.id, version or HANDSHAKE_PROTOCOL_VERSION, session_id)
+    request.app[TOOLSET_ENDPOINT].learnt(upstream, member)
+    return member
 
 
 async def _end(
@@ -391,18 +414,20 @@ def _may_use(principal: Principal, server_id: uuid.UUID) -> bool:
 def _visible(listing: Listing, principal: Principal) -> list[Exposed]:
     """The tools this caller may call: of the members its key may use, within its allowed
     tools and outside each server's disabled ones."""
-    visible = []
-    filters: dict[uuid.UUID, Any] = {}
-    for tool in listing.merged.tools:
-        if not _may_use(principal, tool.server_id):
-            continue
-        upstream = listing.upstreams[tool.server_id]
-        if tool.server_id not in filters:
-            filters[tool.server_id] = decisions.tool_filter(principal.rules, upstream.rules)
-        allowed = filters[tool.server_id]
-        if allowed is None or allowed(tool.tool_name):
-            visible.append(tool)
-    return visible
+    return [
+        tool
+        for tool in listing.merged.tools
+        if _callable(principal, listing.upstreams[tool.server_id], tool)
+    ]
+
+
+def _callable(principal: Principal, upstream: Upstream, tool: Exposed) -> bool:
+    if principal.rules is None and upstream.rules is None:
+        return True
+    if not _may_use(principal, upstream.id):
+        return False
+    allowed = decisions.tool_filter(principal.rules, upstream.rules)
+    return allowed is None or allowed(tool.tool_name)
 
 
 def _listed(tool: Exposed) -> dict[str, Any]:
@@ -441,10 +466,14 @@ async def _call(
     if not isinstance(name, str):
         return _error(request, rid, _INVALID_PARAMS, "Invalid params: the tool name is missing")
     tool, listing = await endpoint.toolsets.find(toolset, name, request.app[TOOL_LISTS])
-    if tool is None or tool not in _visible(listing, principal):
+    if tool is None:
         return _error(request, rid, _INVALID_PARAMS, f"Unknown tool: {name}")
+    # A tool the caller may not call is refused (and logged) by the rules below, as in the
+    # proxy, though its tools/list does not show it.
     upstream = listing.upstreams[tool.server_id]
     member = None if session is None else session.member(upstream.id)
+    if member is None:
+        member = endpoint.sessionless(upstream)
     one_off: McpClient | None = None
     if member is None:
         # No session with it (a 2026-07-28 client, or a member not reached at initialize):
@@ -453,6 +482,7 @@ async def _call(
             proxying.http, upstream.url, upstream.auth_headers, proxying.timeout_seconds
         )
         member = await _one_off(one_off, upstream, proxying.timeout_seconds)
+        endpoint.learnt(upstream, member)
     try:
         body, headers = _forwarded(request, message, tool, upstream, member, session)
         calls = [ToolCallSeen(tool.tool_name, rid)]
@@ -469,7 +499,7 @@ async def _call(
                 started,
                 toolset_id=toolset.id,
             )
-        return await forward(
+        response = await forward(
             request,
             proxying,
             upstream,
@@ -481,6 +511,9 @@ async def _call(
             toolset_id=toolset.id,
             pass_back=_PASS_BACK,
         )
+        if response.status in (400, 404) and member.session_id is None:
+            endpoint.forget(upstream)  # it may want a session now: the next call will see
+        return response
     finally:
         if one_off is not None:
             await one_off.close()

@@ -16,6 +16,7 @@ opened by another caller (another API key, or another member).
 from __future__ import annotations
 
 import base64
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Final
@@ -70,10 +71,17 @@ def caller(principal: Principal) -> str:
 
 
 class Sealer:
-    """Seals sessions into ids and opens them, under keys derived from the secret keys."""
+    """Seals sessions into ids and opens them, under keys derived from the secret keys.
 
-    def __init__(self, secret_keys: tuple[str, ...]) -> None:
+    Sessions opened are remembered (a bounded number, until they expire), so a client's
+    every request does not pay for the decryption: only the first one in each process.
+    """
+
+    def __init__(self, secret_keys: tuple[str, ...], *, remembered: int = 10_000) -> None:
         self._fernet = MultiFernet([Fernet(_derive(key)) for key in secret_keys])
+        # session id -> (session, when it expires by the monotonic clock)
+        self._opened: dict[str, tuple[Session, float]] = {}
+        self._remembered = remembered
 
     def seal(self, session: Session) -> str:
         state = {
@@ -88,6 +96,20 @@ class Sealer:
 
     def open(self, session_id: str) -> Session | None:
         """The session, or None when the id is not one of ours or has expired."""
+        known = self._opened.get(session_id)
+        if known is not None and known[1] > time.monotonic():
+            return known[0]
+        session = self._open(session_id)
+        if session is not None:
+            if len(self._opened) >= self._remembered:
+                del self._opened[next(iter(self._opened))]  # the oldest
+            token = session_id.encode("ascii")
+            issued = self._fernet.extract_timestamp(token)
+            left = issued + SESSION_SECONDS - time.time()
+            self._opened[session_id] = (session, time.monotonic() + left)
+        return session
+
+    def _open(self, session_id: str) -> Session | None:
         try:
             state = orjson.loads(
                 self._fernet.decrypt(session_id.encode("ascii"), ttl=SESSION_SECONDS)

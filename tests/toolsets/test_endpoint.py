@@ -4,9 +4,6 @@ against it, sessions that live inside the session id."""
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass
-
 import asyncpg
 import pytest
 from cryptography.fernet import Fernet
@@ -14,54 +11,9 @@ from mcp.shared.exceptions import MCPError
 
 from gateway.toolsets.endpoint import TOOLSET_ENDPOINT
 from gateway.toolsets.sessions import Sealer
-from tests.helpers.api import Account, Api
-from tests.helpers.proxying import ACCEPT, add_server, logged_calls, rpc, sdk_client
-
-
-@dataclass
-class Arranged:
-    api: Api
-    owner: Account
-    key: str
-    toolset_id: str
-    # Member server ids, in the toolset's order, and their names.
-    servers: list[str]
-    names: list[str]
-
-    @property
-    def path(self) -> str:
-        return f"/api/v1/toolsets/{self.toolset_id}/mcp"
-
-    @property
-    def url(self) -> str:
-        return str(self.api.client.make_url(self.path))
-
-
-async def arrange_toolset(api: Api, db: asyncpg.Connection, urls: list[str]) -> Arranged:
-    """A workspace with a key, a server per URL, and a toolset of them all (default prefixes)."""
-    owner = await api.signup()
-    key = await api.api_key(owner)
-    workspace_id = uuid.UUID(owner.workspace_id)
-    servers = [await add_server(api, db, owner, url) for url in urls]
-    toolset_id = await db.fetchval(
-        "INSERT INTO toolsets (workspace_id, name) VALUES ($1, 'agent tools') RETURNING id",
-        workspace_id,
-    )
-    for position, server_id in enumerate(servers):
-        await db.execute(
-            "INSERT INTO toolset_servers (toolset_id, server_id, position) VALUES ($1, $2, $3)",
-            toolset_id,
-            uuid.UUID(server_id),
-            position,
-        )
-    names = [
-        await db.fetchval("SELECT name FROM servers WHERE id = $1", uuid.UUID(s)) for s in servers
-    ]
-    return Arranged(api, owner, key, str(toolset_id), servers, names)
-
-
-def prefix(server_name: str) -> str:
-    return server_name.replace("-", "_") + "__"
+from tests.helpers.api import Api
+from tests.helpers.proxying import ACCEPT, logged_calls, rpc, sdk_client
+from tests.helpers.toolsets import arrange_toolset, prefix
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
