@@ -73,10 +73,10 @@ async def test_the_typescript_reference_server_as_a_member_with_progress(
     async with everything_server() as everything:
         toolset = await arrange_toolset(api, db, [sdk_stateless, everything])
         ts = prefix(toolset.names[1])
-        progress: list[float] = []
+        seen: list[float] = []
 
-        async def on_progress(done: float, total: float | None, message: str | None) -> None:
-            progress.append(done)
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append(progress)
 
         async with sdk_client(toolset.url, toolset.key, "legacy") as client:
             echoed = await client.call_tool(f"{ts}echo", {"message": "through a toolset"})
@@ -87,7 +87,7 @@ async def test_the_typescript_reference_server_as_a_member_with_progress(
             )
     assert "through a toolset" in echoed.content[0].text  # type: ignore[union-attr]
     assert not long.is_error
-    assert progress == [1, 2, 3]
+    assert seen == [1, 2, 3]
     rows = await logged_calls(db, 2)
     assert [r["tool_name"] for r in rows] == ["echo", "trigger-long-running-operation"]
     assert {str(r["server_id"]) for r in rows} == {toolset.servers[1]}
