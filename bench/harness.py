@@ -227,10 +227,15 @@ wrk.headers["MCP-Protocol-Version"] = "2025-06-18"
 local key = os.getenv("BENCH_API_KEY")
 if key and key ~= "" then wrk.headers["X-API-Key"] = key end
 wrk.headers["X-Caller-Agent"] = "wrk"
+-- More headers, one "Name: value" per line (a toolset's session, the 2026-07-28 headers).
+for name, value in string.gmatch(os.getenv("BENCH_HEADERS") or "", "([^:\\n]+): ([^\\n]*)") do
+  wrk.headers[name] = value
+end
+local tool = os.getenv("BENCH_TOOL") or "echo"
 request = function()
   counter = counter + 1
   local body = '{"jsonrpc":"2.0","id":' .. counter ..
-    ',"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}'
+    ',"method":"tools/call","params":{"name":"' .. tool .. '","arguments":{"text":"hello"}}}'
   return wrk.format(nil, nil, nil, body)
 end
 """
@@ -254,7 +259,16 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1e3, "m": 6e4, "h": 3.6e6}[unit]
 
 
-def wrk(url: str, connections: int, seconds: float, api_key: str = "") -> WrkResult:
+def wrk(
+    url: str,
+    connections: int,
+    seconds: float,
+    api_key: str = "",
+    *,
+    tool: str = "echo",
+    headers: dict[str, str] | None = None,
+) -> WrkResult:
+    """wrk posting tools/call of `tool` with distinct ids (and `headers` besides the usual)."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is missing: apt-get install -y wrk")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
@@ -279,7 +293,12 @@ def wrk(url: str, connections: int, seconds: float, api_key: str = "") -> WrkRes
             text=True,
             check=True,
             timeout=seconds + 30,
-            env={**os.environ, "BENCH_API_KEY": api_key},
+            env={
+                **os.environ,
+                "BENCH_API_KEY": api_key,
+                "BENCH_TOOL": tool,
+                "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in (headers or {}).items()),
+            },
         ).stdout
     finally:
         os.unlink(script.name)

@@ -49,7 +49,21 @@ def serve_upstream(port: int) -> None:
 
     async def mcp(request: web.Request) -> web.Response:
         message = orjson.loads(await request.read())
-        result = {"content": [{"type": "text", "text": "hello"}], "isError": False}
+        if "id" not in message:
+            return web.Response(status=202)  # a notification
+        result: dict[str, object] = {
+            "content": [{"type": "text", "text": "hello"}],
+            "isError": False,
+        }
+        if message.get("method") == "initialize":  # a 2025-era server without sessions
+            result = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                      "serverInfo": {"name": "bench-upstream", "version": "1"}}  # fmt: skip
+        elif message.get("method") == "tools/list":
+            result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+        elif message.get("method") != "tools/call":
+            error = {"code": -32601, "message": "Method not found"}
+            body = orjson.dumps({"jsonrpc": "2.0", "id": message.get("id"), "error": error})
+            return web.Response(body=body, content_type="application/json")
         body = orjson.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
         return web.Response(body=body, content_type="application/json")
 
