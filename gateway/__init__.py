@@ -3,7 +3,9 @@
 Three ways in, one aiohttp application (app.create_app builds it, in dependency order):
 
 - Agents call /api/v1/proxy/{server}/mcp: proxy/ forwards MCP byte for byte to the upstream
-  server and puts each `tools/call` in the call log (calllog/). This is the hot path.
+  server and puts each `tools/call` in the call log (calllog/). This is the hot path. Or they
+  call /api/v1/toolsets/{id}/mcp: toolsets/ serves several servers as one, forwarding each
+  `tools/call` through the proxy's exchange.
 - REST clients call /api/v1/...: api/ holds one thin handler module per resource, which
   validate, call one SQL function (db/) and answer; api/routing declares each route's access.
 - People use the dashboard at /: dashboard/ renders pages that call the api/ handlers under
@@ -16,6 +18,9 @@ The packages (each opens with its job):
 
     proxy/       THE HOT PATH: handler, headers, admission, requests, replies, outcome, CORS,
                  and governing (the proxy's side of policy: refusals, cut tool lists)
+    toolsets/    one MCP endpoint over several servers: the endpoint, the names it exposes
+                 (names), sessions sealed inside their ids (sessions), toolsets and their
+                 name index cached in-process (registry)
     policy/      governed access: rules (permissions, tool globs, rate limits), the
                  decision per request (decisions), budgets shared by every process, and
                  tools/list filtering (tool_lists)
@@ -44,6 +49,9 @@ Words:
 
 - A *server* is the registered resource (db/servers, api/servers); an *upstream* is that
   server as the gateway reaches it at run time (upstreams/, with its URL and credentials).
+- A *toolset* is several servers of a workspace as one MCP endpoint; they are its *members*.
+  Its *session* is a 2025-era MCP client's (state sealed inside the Mcp-Session-Id); the
+  dashboard's sign-in sessions are *dashboard sessions*.
 - A *worker* is a gateway process (`serve --workers N`, ops/supervisor); a *loop* is
   background work inside one (background/). GATEWAY_RUN_WORKERS says whether a process runs
   the loops.
