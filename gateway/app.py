@@ -25,6 +25,7 @@ from gateway.api import openapi
 from gateway.api import servers as servers_api
 from gateway.api import tool_calls as tool_calls_api
 from gateway.api import tools as tools_api
+from gateway.api import toolsets as toolsets_api
 from gateway.api import workspaces as workspaces_api
 from gateway.api.discovery import setup_discovery
 from gateway.api.openapi import OPENAPI_DOCUMENT
@@ -78,6 +79,7 @@ API_MODULES = (
     tool_calls_api.routes,
     servers_api.routes,
     tools_api.routes,
+    toolsets_api.routes,
     health_api.routes,
     analytics_api.routes,
     alerts_api.routes,

@@ -95,6 +95,7 @@ class Settings:
     # with open signup, where everyone owns a workspace, no tenant can exhaust the others.
     max_servers_per_workspace: int = 500
     max_alert_rules_per_workspace: int = 500
+    max_toolsets_per_workspace: int = 100
     max_api_keys_per_workspace: int = 100
     max_pending_invites_per_workspace: int = 200
     # Invitation emails a workspace may send per hour (each is an email to a stranger).
@@ -289,6 +290,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_ACCESS_LOG": ("access_log", _flag),
     "GATEWAY_MAX_SERVERS_PER_WORKSPACE": ("max_servers_per_workspace", _positive_int),
     "GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE": ("max_alert_rules_per_workspace", _positive_int),
+    "GATEWAY_MAX_TOOLSETS_PER_WORKSPACE": ("max_toolsets_per_workspace", _positive_int),
     "GATEWAY_MAX_API_KEYS_PER_WORKSPACE": ("max_api_keys_per_workspace", _positive_int),
     "GATEWAY_MAX_PENDING_INVITES_PER_WORKSPACE": (
         "max_pending_invites_per_workspace",

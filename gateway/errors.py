@@ -108,6 +108,7 @@ DUPLICATES = {
     "users_email_key": "a user with this email already exists",
     "workspaces_slug_key": "a workspace with this slug already exists",
     "servers_workspace_id_name_key": "a server with this name already exists in this workspace",
+    "toolsets_workspace_id_name_key": "a toolset with this name already exists in this workspace",
 }
 
 # aiohttp's own reasons are terse; these read better in {"detail": ...}.

@@ -28,13 +28,14 @@ from gateway.dashboard import (
     servers,
     settings,
     tool_calls,
+    toolsets,
 )
 from gateway.dashboard.pages import render, secure
 from gateway.errors import ERROR_PAGE
 
 log = logging.getLogger(__name__)
 
-PAGE_MODULES = (account, overview, servers, tool_calls, analytics, alerts, settings)
+PAGE_MODULES = (account, overview, servers, toolsets, tool_calls, analytics, alerts, settings)
 
 _TITLES = {
     400: "Bad request",

@@ -1,7 +1,7 @@
 """The "Connect an agent" panel's content: an MCP URL, the header to send, a snippet per client.
 
-Built for any MCP URL of the gateway (a server's proxy URL today), so that other pages can
-include templates/_connect_an_agent.html with connect_panel(...) as `connect`. The page never
+Built for any MCP URL of the gateway (a server's proxy URL, a toolset's URL), so that any page
+can include templates/_connect_an_agent.html with connect_panel(...) as `connect`. The page never
 holds a key: the snippets carry KEY_PLACEHOLDER and say where keys are made.
 """
 

@@ -23,6 +23,10 @@ _NOT_IN_A_SCHEMA = (
     # An API key's allowed_servers: ids must be servers of the workspace, which a schema
     # cannot know.
     "not servers of this workspace",
+    # A toolset's members: servers of the workspace (likewise), each listed once (a schema
+    # cannot say that objects differ in one field).
+    "not a server of this workspace",
+    "a server is a member once",
 )
 
 

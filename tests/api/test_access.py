@@ -50,6 +50,7 @@ class World:
     password: str = "password123"
     _server_id: str | None = None
     _event_id: str | None = None
+    _toolset_id: str | None = None
 
     @property
     def ws(self) -> str:
@@ -63,6 +64,18 @@ class World:
         if self._server_id is None:
             self._server_id = await add_server(self.api, self.owner, "shared")
         return self._server_id
+
+    async def toolset_id(self) -> str:
+        """A toolset of the workspace over the shared server, for the rows that only read it."""
+        if self._toolset_id is None:
+            reply = await self.api.post(
+                "/toolsets",
+                json={"name": "shared", "servers": [{"server_id": await self.server_id()}]},
+                auth=self.owner,
+                expect=201,
+            )
+            self._toolset_id = reply.body["id"]
+        return self._toolset_id
 
     async def event_id(self) -> str:
         """An alert event of the workspace: a rule that fires on one tool call."""
@@ -157,6 +170,17 @@ async def fresh_server(w: World, caller: str) -> dict[str, str]:
     return {"server_id": await add_server(w.api, w.owner, f"doomed-{next(_fresh)}")}
 
 
+async def toolset(w: World, caller: str) -> dict[str, str]:
+    return {"toolset_id": await w.toolset_id()}
+
+
+async def fresh_toolset(w: World, caller: str) -> dict[str, str]:
+    reply = await w.api.post(
+        "/toolsets", json={"name": f"doomed-{next(_fresh)}"}, auth=w.owner, expect=201
+    )
+    return {"toolset_id": reply.body["id"]}
+
+
 async def rule(w: World, caller: str) -> dict[str, str]:
     created = await add_rule(w.api, w.owner, name=f"rule-{next(_fresh)}", metric="call_count")
     return {"rule_id": created["id"]}
@@ -206,6 +230,10 @@ async def switch_body(w: World, caller: str) -> dict[str, str]:
 
 async def server_body(w: World, caller: str) -> dict[str, str]:
     return {"name": f"server-{next(_fresh)}", "url": "http://127.0.0.1:9/mcp"}
+
+
+async def toolset_body(w: World, caller: str) -> dict[str, Any]:
+    return {"name": f"toolset-{next(_fresh)}"}
 
 
 async def tool_call_body(w: World, caller: str) -> dict[str, str]:
@@ -319,6 +347,16 @@ ROWS: dict[tuple[str, str], Row] = {
     ("POST", "/servers/{server_id}/tools/invoke"): R(
         (401, 403, 404, 403, 200, 200), params=server, body=body({"tool_name": "echo"})
     ),
+    # Toolsets: reads for members and API keys (a member that cannot be listed is reported in
+    # the answer, not an error of it), changes for admins.
+    ("GET", "/toolsets"): R((401, 200, 200, 200, 200, 200)),
+    ("POST", "/toolsets"): R((401, 403, 201, 403, 201, 201), body=toolset_body),
+    ("GET", "/toolsets/{toolset_id}"): R((401, 200, 404, 200, 200, 200), params=toolset),
+    ("PATCH", "/toolsets/{toolset_id}"): R(
+        (401, 403, 404, 403, 200, 200), params=toolset, body=body({"description": "changed"})
+    ),
+    ("DELETE", "/toolsets/{toolset_id}"): R((401, 403, 404, 403, 204, 204), params=fresh_toolset),
+    ("GET", "/toolsets/{toolset_id}/tools"): R((401, 200, 404, 200, 200, 200), params=toolset),
     ("GET", "/health/checks"): R((401, 200, 200, 200, 200, 200)),
     ("GET", "/health/summary"): R((401, 200, 200, 200, 200, 200)),
     # Analytics: reads for members and API keys, of the caller's own workspace.

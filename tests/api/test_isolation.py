@@ -32,6 +32,11 @@ BODIES: dict[str, Callable[[Ids], Any]] = {
     "ApiKeyPatch": lambda ids: {"permissions": ["proxy"], "rate_limit": "1/day"},
     "ServerPatch": lambda ids: {"url": "http://127.0.0.1:9/stolen"},
     "InvokeIn": lambda ids: {"tool_name": "echo"},
+    "ToolsetIn": lambda ids: {"name": "spy", "servers": [{"server_id": ids["server_id"]}]},
+    "ToolsetPatch": lambda ids: {
+        "name": "Taken over",
+        "servers": [{"server_id": ids["server_id"]}],
+    },
     "RuleIn": lambda ids: {
         "name": "spy",
         "server_id": ids["server_id"],
@@ -53,6 +58,11 @@ BODIES: dict[str, Callable[[Ids], Any]] = {
         "params": {"name": "echo", "arguments": {}},
     },
 }
+
+
+# Operations that take ids only as values of their body's fields: another workspace's id is a
+# value this workspace cannot use, a 422 naming the field in the same words as for a random id.
+REFUSED_AS_INVALID = {("POST", "/api/v1/toolsets")}
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,8 @@ async def test_no_operation_lets_another_workspace_see_or_touch_anything(
             theirs, nobodys = answers
             where = f"{attempt.method} {attempt.path} with a stranger's {kind}"
             expected = 403 if kind == "key" and not attempt.api_keys_allowed else 404
+            if expected == 404 and (attempt.method, attempt.path) in REFUSED_AS_INVALID:
+                expected = 422
             if attempt.method == "OPTIONS":
                 expected = 204  # a CORS preflight: the same for every id, nothing looked up
             elif attempt.method == "GET" and attempt.query_ids:

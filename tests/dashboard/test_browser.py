@@ -200,8 +200,8 @@ async def _on_a_phone(visitor: Visitor, name: str, *, shown: list[Any]) -> None:
                 assert box["x"] >= 0 and box["x"] + box["width"] <= width, (name, locator, box)
         # The nav wraps rather than hiding sections past the edge.
         links = page.locator(".nav a")
-        assert await links.count() == 6
-        for index in range(6):
+        assert await links.count() == 7
+        for index in range(7):
             box = await links.nth(index).bounding_box()
             assert box is not None and box["x"] + box["width"] <= width, (name, index, box)
         assert await page.evaluate(
@@ -225,6 +225,16 @@ async def test_every_table_keeps_its_status_and_buttons_on_a_phone(
     down = await add_server(api, owner, "a-server-with-a-long-name-that-is-down")
     for server in (healthy, down):
         await api.post(f"/servers/{server}/probe", auth=owner, expect=200)
+    toolset = await api.post(
+        "/toolsets",
+        json={
+            "name": "a-toolset-with-a-rather-long-name-for-a-phone",
+            "servers": [{"server_id": healthy}, {"server_id": down, "tools": ["search_*"]}],
+        },
+        auth=owner,
+        expect=201,
+    )
+    toolset_id = toolset.body["id"]
     calls = [{"tool_name": "search_the_whole_knowledge_base", "duration_ms": 40 + i}
              for i in range(6)]  # fmt: skip
     failed = {"tool_name": "fetch", "status": "error", "error_message": "upstream said " * 12}
@@ -248,6 +258,11 @@ async def test_every_table_keeps_its_status_and_buttons_on_a_phone(
         "/servers": ("servers-tables", [badge]),
         f"/servers/{healthy}": ("server-tables", [page.locator(".table-wrap .badge")]),
         f"/servers/{healthy}/tools": ("playground-tables", [page.locator(".table-wrap td")]),
+        "/toolsets": ("toolsets-tables", [page.locator(".table-wrap td a")]),
+        f"/toolsets/{toolset_id}": ("toolset-tables", [badge, page.locator(".table-wrap td")]),
+        # Forms without tables: within the phone's width all the same.
+        "/toolsets/new": ("toolset-new", []),
+        f"/toolsets/{toolset_id}/edit": ("toolset-edit", []),
         "/tool-calls": ("tool-calls-tables", [page.locator(".table-wrap .call-error")]),
         "/analytics?days=1": ("analytics-tables", [page.locator(".table-wrap td.num")]),
         "/alerts": (

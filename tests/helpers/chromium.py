@@ -109,3 +109,39 @@ async def signed_in(
     await page.get_by_role("button", name="Log in").click()
     await playwright_api.expect(page.get_by_role("heading", name="Overview")).to_be_visible()
     return visitor
+
+
+# Every visible control, label, cell and badge of the page's main part that reaches past the
+# screen's edges.
+_OUTSIDE = """(width) => {
+  const outside = [];
+  for (const node of document.querySelectorAll(
+      "main input, main select, main textarea, main label, main button, main .button, "
+      + "main td, main .badge, main .check, main legend, main h1, main .error")) {
+    const box = node.getBoundingClientRect();
+    if (box.width === 0 && box.height === 0) continue;  // not shown
+    if (node.type === "hidden") continue;
+    if (box.left < -0.5 || box.right > width + 0.5) {
+      outside.push(`${node.tagName} "${(node.textContent || node.name || "").trim().slice(0, 40)}" `
+                   + `${Math.round(box.left)}..${Math.round(box.right)}`);
+    }
+  }
+  return outside;
+}"""
+
+
+async def fits_a_phone(visitor: Visitor, name: str, width: int) -> None:
+    """Photographed at the visitor's width; at 390 px nothing of the page's main part is cut
+    off, and the page does not scroll sideways."""
+    page = visitor.page
+    device = next(d for d, w in WIDTHS.items() if w == width)
+    await page.screenshot(path=ARTIFACTS / f"{name}-{device}.png", full_page=True)
+    phone = WIDTHS["phone"]
+    await page.set_viewport_size({"width": phone, "height": 900})
+    try:
+        outside = await page.evaluate(_OUTSIDE, phone)
+        assert outside == [], (name, outside)
+        overflow = await page.evaluate("document.documentElement.scrollWidth - innerWidth")
+        assert overflow <= 1, f"{name} is {overflow}px wider than a phone"
+    finally:
+        await page.set_viewport_size({"width": width, "height": 900})

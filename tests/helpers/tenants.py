@@ -32,6 +32,12 @@ async def arrange_victim(api: Api) -> Victim:
     rule = await add_rule(
         api, owner, name="victim-rule", metric="call_count", operator=">=", threshold=1
     )
+    toolset = await api.post(
+        "/toolsets",
+        json={"name": "victim-toolset", "servers": [{"server_id": server_id}]},
+        auth=owner,
+        expect=201,
+    )
     await ingest(api, owner, server_id, [{"tool_name": "victim-tool"}])
     await evaluate(api)
     events = await api.get("/alerts/events", auth=owner, expect=200)
@@ -42,11 +48,19 @@ async def arrange_victim(api: Api) -> Victim:
         "invite_id": invite["id"],
         "key_id": key.body["id"],
         "server_id": server_id,
+        "toolset_id": toolset.body["id"],
         "rule_id": rule["id"],
         "event_id": events.body["items"][0]["id"],
         "call_id": calls.body["items"][0]["id"],
     }
-    secrets = (*ids.values(), "Victim Inc", "victim-server", "victim-rule", "victim-tool")
+    secrets = (
+        *ids.values(),
+        "Victim Inc",
+        "victim-server",
+        "victim-toolset",
+        "victim-rule",
+        "victim-tool",
+    )
     return Victim(owner, ids, secrets)
 
 
