@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -18,18 +16,14 @@ from gateway.api.routing import API_PREFIX, Routes
 from gateway.api.servers import Description
 from gateway.db import toolsets as toolsets_db
 from gateway.db.bounds import AtBound
-from gateway.errors import BadGateway, BoundReached, GatewayTimeout, NotFound, ValidationFailed
+from gateway.errors import BoundReached, NotFound, ValidationFailed
 from gateway.keys import POOL, SETTINGS
-from gateway.policy.rules import ToolPatterns as Globs
 from gateway.proxy.handler import PROXYING
-from gateway.toolsets import names
-from gateway.upstreams.servers import UPSTREAMS
+from gateway.toolsets.endpoint import TOOLSET_ENDPOINT, TOOLSET_PATH
 from gateway.upstreams.tool_lists import TOOL_LISTS
 
 routes = Routes("toolsets")
 
-# The MCP endpoint of a toolset, under API_PREFIX.
-MCP_PATH = "/toolsets/{toolset_id}/mcp"
 MAX_MEMBERS = 50
 MAX_PREFIX = 40
 _PREFIX = re.compile(r"[A-Za-z0-9_-]*")
@@ -141,7 +135,7 @@ class ToolsetToolsOut(Out):
 
 def toolset_url(base_url: str, toolset_id: object) -> str:
     """The absolute URL agents use for a toolset: base_url is Settings.base_url (PUBLIC_URL)."""
-    return f"{base_url}{API_PREFIX}{MCP_PATH.format(toolset_id=toolset_id)}"
+    return f"{base_url}{API_PREFIX}{TOOLSET_PATH.format(toolset_id=toolset_id)}"
 
 
 def _out(request: web.Request, toolset: dict[str, Any]) -> dict[str, Any]:
@@ -268,15 +262,6 @@ async def delete_toolset(request: web.Request, toolset_id: uuid.UUID) -> None:
 # -- the tools it exposes -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _MemberTools:
-    """One member's part of the toolset's list: its tools, or why they could not be listed."""
-
-    member: names.Member
-    tools: list[dict[str, Any]]
-    problem: str | None = None
-
-
 @routes.get(
     "/toolsets/{toolset_id}/tools",
     summary="The tools the toolset exposes",
@@ -294,14 +279,13 @@ async def list_toolset_tools(request: web.Request, toolset_id: uuid.UUID) -> dic
     for every member at once; a member that cannot be listed (unreachable, failing, too slow,
     a list over the bounds) is in `unavailable` with the reason, and the others are listed."""
     workspace_id = request[PRINCIPAL].workspace_id
-    toolset = await toolsets_db.load(request.app[POOL], toolset_id)
-    if toolset is None or toolset.workspace_id != workspace_id:
+    toolsets = request.app[TOOLSET_ENDPOINT].toolsets
+    toolset = await toolsets.get(toolset_id, workspace_id)
+    if toolset is None:
         raise NotFound("toolset not found")
-    listed = await asyncio.gather(
-        *(_member_tools(request.app, workspace_id, member) for member in toolset.members)
-    )
-    parts = [part for part in listed if part is not None]
-    merged = names.merge((part.member, part.tools) for part in parts if part.problem is None)
+    # It holds upstream connections as a proxied request does: counted with them.
+    with request.app[PROXYING].in_flight.holding(workspace_id):
+        listing = await toolsets.listing(toolset, request.app[TOOL_LISTS])
     return {
         "tools": [
             {
@@ -311,34 +295,8 @@ async def list_toolset_tools(request: web.Request, toolset_id: uuid.UUID) -> dic
                 "description": exposed.tool["description"],
                 "inputSchema": exposed.tool["inputSchema"],
             }
-            for exposed in merged.tools
+            for exposed in listing.merged.tools
         ],
-        "conflicts": merged.conflicts,
-        "unavailable": [
-            {"server_id": part.member.server_id, "detail": part.problem}
-            for part in parts
-            if part.problem is not None
-        ],
+        "conflicts": listing.merged.conflicts,
+        "unavailable": listing.unavailable,
     }
-
-
-async def _member_tools(
-    app: web.Application, workspace_id: uuid.UUID, member: toolsets_db.MemberRow
-) -> _MemberTools | None:
-    """The member's tools as the toolset may expose them; None if its server has gone."""
-    upstream = await app[UPSTREAMS].get(member.server_id, workspace_id)
-    if upstream is None:
-        return None  # deleted since the toolset was read: no longer a member
-    prefix = names.default_prefix(upstream.name) if member.prefix is None else member.prefix
-    globs = None if member.tools is None else Globs(member.tools)
-    named = names.Member(upstream.id, prefix, globs)
-    try:
-        # It holds an upstream connection as a proxied request does: counted with them.
-        with app[PROXYING].in_flight.holding(workspace_id):
-            listing = await app[TOOL_LISTS].get(upstream)
-    except (BadGateway, GatewayTimeout) as exc:
-        return _MemberTools(named, [], exc.detail)
-    disabled = None if upstream.rules is None else upstream.rules.disabled
-    if disabled is None:
-        return _MemberTools(named, listing.tools)
-    return _MemberTools(named, [t for t in listing.tools if not disabled.match(t["name"])])

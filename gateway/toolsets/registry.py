@@ -134,7 +134,13 @@ class Toolsets:
             elif isinstance(result, BaseException):
                 raise result
             else:
-                lists.append((member, result.tools))
+                # A tool nobody may call is no part of the toolset: it takes no name.
+                server_rules = upstreams[member.server_id].rules
+                disabled = None if server_rules is None else server_rules.disabled
+                tools = result.tools
+                if disabled is not None:
+                    tools = [tool for tool in tools if not disabled.match(tool["name"])]
+                lists.append((member, tools))
         listing = Listing(merge(lists), unavailable, upstreams)
         self._indexes[toolset.id] = (listing, listing.by_name(), time.monotonic())
         return listing

@@ -57,6 +57,12 @@ BODIES: dict[str, Callable[[Ids], Any]] = {
         "method": "tools/call",
         "params": {"name": "echo", "arguments": {}},
     },
+    "post__toolsets_toolset_id_mcp": lambda ids: {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+    },
 }
 
 
