@@ -220,6 +220,8 @@ async def get_toolset(request: web.Request, toolset_id: uuid.UUID) -> dict[str, 
     toolset = await toolsets_db.get(request.app[POOL], request[PRINCIPAL].workspace_id, toolset_id)
     if toolset is None:
         raise NotFound("toolset not found")
+    # This process at once; the others when they hear the NOTIFY.
+    request.app[TOOLSET_ENDPOINT].toolsets.forget(toolset_id)
     return _out(request, toolset)
 
 
@@ -249,6 +251,8 @@ async def update_toolset(
             raise _unknown(exc, members) from None
     if toolset is None:
         raise NotFound("toolset not found")
+    # This process at once; the others when they hear the NOTIFY.
+    request.app[TOOLSET_ENDPOINT].toolsets.forget(toolset_id)
     return _out(request, toolset)
 
 
@@ -257,6 +261,7 @@ async def delete_toolset(request: web.Request, toolset_id: uuid.UUID) -> None:
     """Its member servers stay as they are; its MCP endpoint answers 404 from then on."""
     if not await toolsets_db.delete(request.app[POOL], request[PRINCIPAL].workspace_id, toolset_id):
         raise NotFound("toolset not found")
+    request.app[TOOLSET_ENDPOINT].toolsets.forget(toolset_id)
 
 
 # -- the tools it exposes -------------------------------------------------------------------------

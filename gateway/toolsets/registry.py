@@ -161,10 +161,13 @@ class Toolsets:
         listing = await self.listing(toolset, tool_lists)
         return self._indexes[toolset.id][1].get(name), listing
 
-    def _changed(self, key: str) -> None:
-        toolset_id = uuid.UUID(key)
+    def forget(self, toolset_id: uuid.UUID) -> None:
+        """Drop a toolset changed by this process (the others hear of it by NOTIFY)."""
         self._cache.drop(toolset_id)
         self._indexes.pop(toolset_id, None)
+
+    def _changed(self, key: str) -> None:
+        self.forget(uuid.UUID(key))
 
     async def _load(self, toolset_id: uuid.UUID) -> Toolset | None:
         row = await toolsets_db.load(self._pool, toolset_id)
