@@ -138,7 +138,7 @@ async def analytics(api: Api, auth: Credential, endpoint: str, **params: Any) ->
 
 
 ROLLUP_TABLES = {
-    "tool_call_hourly": "workspace_id, server_id, tool_name, hour",
-    "tool_call_caller_hourly": "workspace_id, caller_agent, server_id, tool_name, hour",
+    "tool_call_hourly": "workspace_id, server_id, tool_name, hour, toolset_id",
+    "tool_call_caller_hourly": "workspace_id, caller_agent, server_id, tool_name, hour, toolset_id",
     "latency_hourly": "scope, hour",
 }
