@@ -122,6 +122,8 @@ class Filters:
     status: str | None = None
     # True: refusals only (see REFUSED); False: every call but them.
     refused: bool | None = None
+    # Only the calls that came through this toolset.
+    toolset_id: uuid.UUID | None = None
     # Both bounds inclusive.
     start: datetime | None = None
     end: datetime | None = None
@@ -135,7 +137,7 @@ _NOT_REFUSED = f"NOT coalesce({REFUSED}, false)"
 
 _ITEM_COLUMNS = """
 c.id, c.server_id, s.name AS server_name, c.tool_name, c.caller_agent, c.status, c.duration_ms,
-c.input_tokens, c.output_tokens, c.output_size_bytes, c.error_message, c.created_at
+c.input_tokens, c.output_tokens, c.output_size_bytes, c.error_message, c.created_at, c.toolset_id
 """
 
 _NEWEST_FIRST = "ORDER BY created_at DESC, id DESC"
@@ -172,6 +174,8 @@ def _raw_conditions(
         conditions.append(f"caller_agent = {sql.param(filters.caller_agent)}")
     if filters.status is not None:
         conditions.append(f"status = {sql.param(filters.status)}")
+    if filters.toolset_id is not None:
+        conditions.append(f"toolset_id = {sql.param(filters.toolset_id)}")
     if refused is not None:
         conditions.append(REFUSED if refused else _NOT_REFUSED)
     return conditions
@@ -257,10 +261,11 @@ async def _count(
     db: Executor, workspace_id: uuid.UUID, filters: Filters, tool_names: list[str] | None
 ) -> int:
     """Exact, without counting millions of rows: whole hours come from the rollups (written in
-    the same transactions as the calls; tool_call_caller_hourly for a caller_agent filter), only
-    the partial hours at the edges of the range are counted row by row. The rollups know
-    nothing of refusals: those are counted row by row over the whole range, on their partial
-    index (few beside the calls), and taken from the rollups' count for `refused` false."""
+    the same transactions as the calls; tool_call_caller_hourly for a caller_agent filter; both
+    keep the toolset apart), only the partial hours at the edges of the range are counted row by
+    row. The rollups know nothing of refusals: those are counted row by row over the whole
+    range, on their partial index (few beside the calls), and taken from the rollups' count for
+    `refused` false."""
     sql = _Sql()
     workspace = sql.param(workspace_id)
     tools = None if tool_names is None else f"ANY({sql.param(tool_names)}::text[])"
@@ -300,6 +305,8 @@ async def _count(
             rollup.append(f"caller_agent = {sql.param(filters.caller_agent)}")
         if filters.server_id is not None:
             rollup.append(f"server_id = {sql.param(filters.server_id)}")
+        if filters.toolset_id is not None:
+            rollup.append(f"toolset_id = {sql.param(filters.toolset_id)}")
         if tools is not None:
             rollup.append(f"tool_name = {tools}")
         if first_full is not None:
