@@ -45,3 +45,12 @@ async def load(db: Executor, toolset_id: uuid.UUID) -> ToolsetRow | None:
         row["name"],
         tuple(MemberRow(m["server_id"], m["tools"], m["prefix"]) for m in members),
     )
+
+
+# Names are unique in a workspace (toolsets_workspace_id_name_key).
+_NAMES = "SELECT id, name FROM toolsets WHERE workspace_id = $1 ORDER BY name"
+
+
+async def names(db: Executor, workspace_id: uuid.UUID) -> list[tuple[uuid.UUID, str]]:
+    """The workspace's toolsets as (id, name), by name (the dashboard's toolset filters)."""
+    return [(row["id"], row["name"]) for row in await db.fetch(_NAMES, workspace_id)]
