@@ -4,11 +4,14 @@ snapshot of the database to show that a stranger changed nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import asyncpg
 
+from gateway.keys import POOL
 from tests.helpers.alerting import add_rule, add_server, evaluate, ingest
 from tests.helpers.api import Account, Api
+from tests.helpers.toolset_calls import add_toolset, write_calls
 
 Ids = dict[str, str]
 
@@ -33,6 +36,13 @@ async def arrange_victim(api: Api) -> Victim:
         api, owner, name="victim-rule", metric="call_count", operator=">=", threshold=1
     )
     await ingest(api, owner, server_id, [{"tool_name": "victim-tool"}])
+    async with api.app[POOL].acquire() as db:
+        toolset_id = await add_toolset(db, owner.workspace_id, "victim-toolset", [server_id])
+    through = {"server_id": server_id, "tool_name": "victim-tool", "status": "success"}
+    now = datetime.now(UTC).isoformat()
+    await write_calls(
+        api, owner.workspace_id, [{**through, "created_at": now, "toolset_id": toolset_id}]
+    )
     await evaluate(api)
     events = await api.get("/alerts/events", auth=owner, expect=200)
     calls = await api.get("/tool-calls", auth=owner, expect=200)
@@ -45,8 +55,16 @@ async def arrange_victim(api: Api) -> Victim:
         "rule_id": rule["id"],
         "event_id": events.body["items"][0]["id"],
         "call_id": calls.body["items"][0]["id"],
+        "toolset_id": toolset_id,
     }
-    secrets = (*ids.values(), "Victim Inc", "victim-server", "victim-rule", "victim-tool")
+    secrets = (
+        *ids.values(),
+        "Victim Inc",
+        "victim-server",
+        "victim-rule",
+        "victim-tool",
+        "victim-toolset",
+    )
     return Victim(owner, ids, secrets)
 
 

@@ -9,15 +9,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from gateway.calllog.records import ToolCall, new_call_id
 from gateway.calllog.writer import CALL_LOG
+from gateway.db.types import Executor
 from tests.helpers.api import Api
 
 
 async def add_toolset(
-    db: asyncpg.Connection, workspace_id: str, name: str, servers: Sequence[str] = ()
+    db: Executor, workspace_id: str, name: str, servers: Sequence[str] = ()
 ) -> str:
     """A toolset row of the workspace over `servers` (in order), as the toolsets API would
     store it; its id."""
