@@ -325,6 +325,9 @@ CREATE INDEX tool_calls_errors_idx ON tool_calls (workspace_id, created_at DESC,
 -- count them, so its list and its exact total come from here.
 CREATE INDEX tool_calls_refused_idx ON tool_calls (workspace_id, created_at DESC, id DESC)
     WHERE status = 'error' AND error_message LIKE 'refused:%';
+-- The log's toolset filter: only the calls that came through a toolset.
+CREATE INDEX tool_calls_toolset_idx ON tool_calls (workspace_id, toolset_id, created_at DESC, id DESC)
+    WHERE toolset_id IS NOT NULL;
 
 -- What the foreign key's cascade would do. The writer's FOR KEY SHARE lock makes a delete wait
 -- for a batch in flight, so the batch's rows are committed, and deleted here, before it ends.
@@ -339,6 +342,9 @@ CREATE TRIGGER servers_delete_calls AFTER DELETE ON servers
 
 -- Hourly rollups (hour in UTC) for analytics, alerts and exact list totals. Kept longer than
 -- the raw calls (GATEWAY_ROLLUP_RETENTION_DAYS), so analytics outlive them.
+-- toolset_id is a dimension of the key, as in tool_calls: null for calls that came through no
+-- toolset, whose counts share one row per key (NULLS NOT DISTINCT, PostgreSQL 15). A key with
+-- a null cannot be a primary key, hence a unique constraint (the upserts' arbiter).
 CREATE TABLE tool_call_hourly (
     workspace_id       uuid NOT NULL,  -- deleted with its servers, as in tool_calls
     server_id          uuid NOT NULL REFERENCES servers (id) ON DELETE CASCADE,
@@ -350,12 +356,17 @@ CREATE TABLE tool_call_hourly (
     duration_count     bigint NOT NULL,
     duration_sum_ms    bigint NOT NULL,
     latency_histogram  integer[] NOT NULL,
-    PRIMARY KEY (workspace_id, tool_name, server_id, hour)
+    -- No foreign key, as in tool_calls: a deleted toolset's calls still count where they went.
+    toolset_id         uuid,
+    CONSTRAINT tool_call_hourly_key
+        UNIQUE NULLS NOT DISTINCT (workspace_id, tool_name, server_id, hour, toolset_id)
 );
 -- Covering: analytics and list totals sum the counters of a workspace's hours from the index
--- alone (30 days of 50 tools is ~35,000 rows; ~5 ms instead of ~30 ms through the heap).
+-- alone (30 days of 50 tools is ~35,000 rows; ~5 ms instead of ~30 ms through the heap), also
+-- those of one toolset (toolset_id is checked in the index too).
 CREATE INDEX tool_call_hourly_hour_idx ON tool_call_hourly (workspace_id, hour)
-    INCLUDE (server_id, tool_name, call_count, error_count, duration_count, duration_sum_ms);
+    INCLUDE (server_id, tool_name, call_count, error_count, duration_count, duration_sum_ms,
+             toolset_id);
 CREATE INDEX tool_call_hourly_server_idx ON tool_call_hourly (server_id, hour);
 -- Retention deletes the oldest hours in small batches (in the three rollup tables).
 CREATE INDEX tool_call_hourly_retention_idx ON tool_call_hourly (hour);
@@ -370,17 +381,21 @@ CREATE TABLE tool_call_caller_hourly (
     hour          timestamptz NOT NULL,
     call_count    bigint NOT NULL,
     error_count   bigint NOT NULL,
-    PRIMARY KEY (workspace_id, caller_agent, tool_name, server_id, hour)
+    toolset_id    uuid,  -- as in tool_call_hourly
+    CONSTRAINT tool_call_caller_hourly_key
+        UNIQUE NULLS NOT DISTINCT (workspace_id, caller_agent, tool_name, server_id, hour, toolset_id)
         INCLUDE (call_count, error_count)
 );
 CREATE INDEX tool_call_caller_hourly_server_idx ON tool_call_caller_hourly (server_id);
 CREATE INDEX tool_call_caller_hourly_retention_idx ON tool_call_caller_hourly (hour);
 
 -- The merged latency histogram of each hour per scope: a whole workspace (scope =
--- workspace_id: all its servers) and each server (scope = the server's id), only for hours with
--- timed calls. The writer adds each batch's durations in the batch's transaction, so a latency
--- series reads at most days * 24 rows instead of merging the histograms of every tool.
--- Invariant: a workspace's histogram of an hour is the sum of its servers' histograms.
+-- workspace_id: all its servers), each server (scope = the server's id) and each toolset
+-- (scope = the toolset's id: the calls that came through it), only for hours with timed calls.
+-- The writer adds each batch's durations in the batch's transaction, so a latency series reads
+-- at most days * 24 rows instead of merging the histograms of every tool.
+-- Invariant: a workspace's histogram of an hour is the sum of its servers' histograms, and a
+-- toolset's is the sum of its calls' histograms in tool_call_hourly.
 CREATE TABLE latency_hourly (
     scope              uuid NOT NULL,
     workspace_id       uuid NOT NULL REFERENCES workspaces (id) ON DELETE CASCADE,
@@ -391,28 +406,52 @@ CREATE TABLE latency_hourly (
 CREATE INDEX latency_hourly_workspace_idx ON latency_hourly (workspace_id);
 CREATE INDEX latency_hourly_retention_idx ON latency_hourly (hour);
 
--- A deleted server's durations leave its workspace's histograms (hours left without any are
--- deleted), and its own rows go: the workspace reads exactly as if the calls had never been
--- made. The workspace's rows are locked in hour order first, the order in which call log
--- writers upsert them, so a delete and a batch in flight cannot deadlock.
+-- A deleted server's durations leave the histograms of its workspace and of each toolset its
+-- calls came through (hours left without any are deleted), and its own rows go: the workspace
+-- and the toolsets read exactly as if the calls had never been made. BEFORE the delete, so the
+-- toolsets' part can still be read from the server's tool_call_hourly rows (their cascade
+-- comes after); the delete has locked the server's row by then, so no batch of its calls is in
+-- flight (writers hold it FOR KEY SHARE until they commit). The rows to change are locked in
+-- (scope, hour) order first, the order in which call log writers upsert them, so a delete and
+-- a batch in flight cannot deadlock.
 CREATE FUNCTION delete_server_latency() RETURNS trigger
     LANGUAGE plpgsql AS $$
+DECLARE
+    scopes uuid[];
 BEGIN
-    PERFORM FROM latency_hourly AS w
-    WHERE w.scope = OLD.workspace_id
-      AND w.hour IN (SELECT hour FROM latency_hourly WHERE scope = OLD.id)
-    ORDER BY w.hour
-    FOR UPDATE;
-    UPDATE latency_hourly AS w
-    SET latency_histogram = histogram_subtract(w.latency_histogram, s.latency_histogram)
-    FROM latency_hourly AS s
-    WHERE s.scope = OLD.id AND w.scope = OLD.workspace_id AND w.hour = s.hour;
+    -- Deleted with its workspace (by its cascade), whose latency rows all go anyway.
+    IF NOT EXISTS (SELECT FROM workspaces WHERE id = OLD.workspace_id) THEN
+        RETURN OLD;
+    END IF;
+    -- The scopes whose histograms hold the server's durations, besides its own.
+    scopes := array_prepend(OLD.workspace_id, ARRAY(
+        SELECT DISTINCT toolset_id FROM tool_call_hourly
+        WHERE server_id = OLD.id AND toolset_id IS NOT NULL));
+    PERFORM FROM latency_hourly AS l
+    JOIN (SELECT OLD.workspace_id AS scope, hour FROM latency_hourly WHERE scope = OLD.id
+          UNION
+          SELECT toolset_id, hour FROM tool_call_hourly
+          WHERE server_id = OLD.id AND toolset_id IS NOT NULL) AS p
+      ON l.scope = p.scope AND l.hour = p.hour
+    WHERE l.workspace_id = OLD.workspace_id
+    ORDER BY l.scope, l.hour
+    FOR UPDATE OF l;
+    UPDATE latency_hourly AS l
+    SET latency_histogram = histogram_subtract(l.latency_histogram, p.histogram)
+    FROM (SELECT OLD.workspace_id AS scope, hour, latency_histogram AS histogram
+          FROM latency_hourly WHERE scope = OLD.id
+          UNION ALL
+          SELECT toolset_id, hour, histogram_sum(latency_histogram)
+          FROM tool_call_hourly
+          WHERE server_id = OLD.id AND toolset_id IS NOT NULL
+          GROUP BY toolset_id, hour) AS p
+    WHERE l.scope = p.scope AND l.hour = p.hour AND l.workspace_id = OLD.workspace_id;
     DELETE FROM latency_hourly
-    WHERE scope = OLD.workspace_id AND cardinality(latency_histogram) = 0;
+    WHERE scope = ANY(scopes) AND cardinality(latency_histogram) = 0;
     DELETE FROM latency_hourly WHERE scope = OLD.id;
     RETURN OLD;
 END $$;
-CREATE TRIGGER servers_delete_latency AFTER DELETE ON servers
+CREATE TRIGGER servers_delete_latency BEFORE DELETE ON servers
     FOR EACH ROW EXECUTE FUNCTION delete_server_latency();
 
 -- == alerts ==
@@ -535,4 +574,4 @@ CREATE UNLOGGED TABLE call_budgets (
 );
 CREATE INDEX call_budgets_expiry_idx ON call_budgets (expires_at);
 
-INSERT INTO schema_version (version) VALUES (10);
+INSERT INTO schema_version (version) VALUES (11);

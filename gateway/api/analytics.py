@@ -1,8 +1,8 @@
 """/analytics: top tools and hourly call, error and latency series, cached per workspace.
 
 The four endpoints (and the dashboard's analytics page) read one snapshot per workspace,
-window and server filter (gateway.db.analytics.snapshot), cached as one entry: whichever
-panels a person looks at, they count the same calls."""
+window, server and toolset filter (gateway.db.analytics.snapshot), cached as one entry:
+whichever panels a person looks at, they count the same calls."""
 
 from __future__ import annotations
 
@@ -41,6 +41,13 @@ class AnalyticsQuery(Query):
     server_id: Annotated[
         uuid.UUID | None,
         Field(description="only calls to this server (one not in your workspace matches none)"),
+    ] = None
+    toolset_id: Annotated[
+        uuid.UUID | None,
+        Field(
+            description="only calls that came through this toolset (one not in your workspace "
+            "matches none); with `server_id`, its calls to that server"
+        ),
     ] = None
     days: Annotated[
         Literal[1, 7, 30],
@@ -81,16 +88,16 @@ class VolumeOut(Out):
 
 
 async def snapshot(request: web.Request, query: AnalyticsQuery) -> dict[str, Any]:
-    """The snapshot of the workspace's window and server filter (gateway.db.analytics), from
-    the shared cache, else read now and stored there. The current hour is part of the key, so
-    a cached series never lags a whole hour behind the clock; `limit` is not (a snapshot keeps
-    as many top tools as any request may ask for)."""
+    """The snapshot of the workspace's window, server and toolset filter (gateway.db.analytics),
+    from the shared cache, else read now and stored there. The current hour is part of the key,
+    so a cached series never lags a whole hour behind the clock; `limit` is not (a snapshot
+    keeps as many top tools as any request may ask for)."""
     app = request.app
     workspace_id = request[PRINCIPAL].workspace_id
     window = analytics_db.Window.of_days(query.days, datetime.now(UTC))
     key = (
         f"analytics:snapshot:{workspace_id}:{window.last_hour:%Y%m%d%H}:"
-        f"days={query.days}:server_id={query.server_id}"
+        f"days={query.days}:server_id={query.server_id}:toolset_id={query.toolset_id}"
     )
     cache = app[SHARED_CACHE]
     try:
@@ -103,7 +110,7 @@ async def snapshot(request: web.Request, query: AnalyticsQuery) -> dict[str, Any
         return answer
     async with app[POOL].acquire() as conn:
         answer = await analytics_db.snapshot(
-            conn, analytics_db.Scope(workspace_id, query.server_id, window)
+            conn, analytics_db.Scope(workspace_id, query.server_id, window, query.toolset_id)
         )
     try:
         await cache.set(key, answer, ttl=app[SETTINGS].analytics_cache_seconds)
@@ -121,7 +128,9 @@ async def snapshot(request: web.Request, query: AnalyticsQuery) -> dict[str, Any
 async def top_tools(request: web.Request, query: TopToolsQuery) -> list[dict[str, Any]]:
     """Up to `limit` tools by `call_count`, highest first, ties by name; the calls of a tool on
     all servers (or on `server_id`) count together. Exact counts from the hourly rollups;
-    cached for GATEWAY_ANALYTICS_CACHE_SECONDS (300) per workspace, days and server_id."""
+    cached for GATEWAY_ANALYTICS_CACHE_SECONDS (300) per workspace, days, server_id and
+    toolset_id. A toolset's tools are named here as their servers name them (a toolset may
+    show them with a prefix)."""
     return list((await snapshot(request, query))["top_tools"][: query.limit])
 
 
@@ -134,7 +143,7 @@ async def top_tools(request: web.Request, query: TopToolsQuery) -> list[dict[str
 async def error_rates(request: web.Request, query: AnalyticsQuery) -> list[dict[str, Any]]:
     """One item per hour of the window (days * 24), oldest first, hours without calls
     included. Exact counts from the hourly rollups; cached for GATEWAY_ANALYTICS_CACHE_SECONDS
-    (300) per workspace, days and server_id."""
+    (300) per workspace, days, server_id and toolset_id."""
     return analytics_db.error_rates((await snapshot(request, query))["hourly"])
 
 
@@ -148,7 +157,7 @@ async def latency(request: web.Request, query: AnalyticsQuery) -> list[dict[str,
     """One item per hour of the window (days * 24), oldest first, null for hours without timed
     calls. Nearest-rank percentiles of the calls that reported `duration_ms`, read from hourly
     histograms: within 1% of the exact value, in ms with 2 decimals. Cached for
-    GATEWAY_ANALYTICS_CACHE_SECONDS (300) per workspace, days and server_id."""
+    GATEWAY_ANALYTICS_CACHE_SECONDS (300) per workspace, days, server_id and toolset_id."""
     return list((await snapshot(request, query))["latency"])
 
 
@@ -161,5 +170,5 @@ async def latency(request: web.Request, query: AnalyticsQuery) -> list[dict[str,
 async def volume(request: web.Request, query: AnalyticsQuery) -> list[dict[str, Any]]:
     """One item per hour of the window (days * 24), oldest first, 0 for hours without calls.
     Exact counts from the hourly rollups; cached for GATEWAY_ANALYTICS_CACHE_SECONDS (300) per
-    workspace, days and server_id."""
+    workspace, days, server_id and toolset_id."""
     return analytics_db.volume((await snapshot(request, query))["hourly"])

@@ -1,7 +1,7 @@
 """Analytics: top tools, error rate, latency percentiles and volume over 1, 7 or 30 days, for
-the workspace or one server. Every panel reads the one snapshot the API's endpoints answer
-from (gateway.api.analytics.snapshot), so the cards, the charts and the top tools count the
-same calls."""
+the workspace, one server, the calls through one toolset, or both. Every panel reads the one
+snapshot the API's endpoints answer from (gateway.api.analytics.snapshot), so the cards, the
+charts and the top tools count the same calls."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from gateway.api.analytics import AnalyticsQuery
 from gateway.api.servers import ServerQuery
 from gateway.dashboard import charts
 from gateway.dashboard.pages import FormInvalid, Pages, authorize, call, validated
+from gateway.dashboard.tool_calls import toolset_choices
 from gateway.db import analytics as analytics_db
 
 pages = Pages()
@@ -31,12 +32,15 @@ def _hour(value: datetime | str) -> datetime:
 
 @pages.get("/analytics", "analytics.html")
 async def analytics(request: web.Request) -> dict[str, Any]:
-    filters = {k: v for k in ("days", "server_id") if (v := request.query.get(k, "").strip())}
+    filters = {
+        k: v for k in ("days", "server_id", "toolset_id") if (v := request.query.get(k, "").strip())
+    }
     servers = await call(request, servers_api.list_servers, query=ServerQuery())
     context: dict[str, Any] = {
         "section": "analytics",
         "filters": filters,
         "servers": servers,
+        "toolsets": await toolset_choices(request, filters.get("toolset_id")),
         "days_choices": DAYS,
         "errors": {},
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from aiohttp import web
@@ -13,12 +14,38 @@ from gateway.api.tool_calls import ToolCallQuery
 from gateway.dashboard.pages import PAGE_SIZE, FormInvalid, Pages, call, pager, path_id, validated
 from gateway.dashboard.sessions import SESSION
 from gateway.db import tool_calls as tool_calls_db
+from gateway.db import toolsets as toolsets_db
 from gateway.errors import NotFound
 from gateway.keys import POOL
 
 pages = Pages()
 
-_FILTERS = ("server_id", "tool_name", "caller_agent", "status", "refused", "start", "end")
+_FILTERS = (
+    "server_id",
+    "toolset_id",
+    "tool_name",
+    "caller_agent",
+    "status",
+    "refused",
+    "start",
+    "end",
+)
+
+
+async def toolset_choices(request: web.Request, chosen: str | None) -> list[tuple[str, str]]:
+    """The options of a toolset filter, (id, name) by name: the workspace's toolsets, and the
+    chosen id if it is none of them (a toolset deleted since: its calls keep its id)."""
+    workspace_id = request[SESSION].workspace_id
+    assert workspace_id is not None
+    toolsets = await toolsets_db.names(request.app[POOL], workspace_id)
+    choices = [(str(id_), name) for id_, name in toolsets]
+    try:
+        unknown = chosen is not None and uuid.UUID(chosen) not in dict(toolsets)
+    except ValueError:  # the filter's own error says what is wrong with it
+        unknown = False
+    if unknown:
+        choices.append((str(chosen), "unknown toolset (deleted)"))
+    return choices
 
 
 @pages.get("/tool-calls", "tool_calls.html")
@@ -26,10 +53,13 @@ async def tool_call_log(request: web.Request) -> dict[str, Any]:
     filters = {k: v for k in _FILTERS if (v := request.query.get(k, "").strip())}
     offset = request.query.get("offset", "0")
     servers = await call(request, servers_api.list_servers, query=ServerQuery())
+    toolsets = await toolset_choices(request, filters.get("toolset_id"))
     context: dict[str, Any] = {
         "section": "tool-calls",
         "filters": filters,
         "servers": servers,
+        "toolsets": toolsets,
+        "toolset_names": dict(toolsets),
         "calls": [],
         "page": None,
         "errors": {},
@@ -55,4 +85,8 @@ async def tool_call(request: web.Request) -> dict[str, Any]:
     found = await tool_calls_db.get_tool_call(request.app[POOL], workspace_id, call_id)
     if found is None:
         raise NotFound("tool call not found")
-    return {"section": "tool-calls", "call": found}
+    toolset = None
+    if found["toolset_id"] is not None:
+        names = dict(await toolsets_db.names(request.app[POOL], workspace_id))
+        toolset = names.get(found["toolset_id"], "unknown toolset (deleted)")
+    return {"section": "tool-calls", "call": found, "toolset": toolset}

@@ -3,7 +3,8 @@
 A window of `days` is the days * 24 whole UTC hours that end with the current hour, which is
 included as far as it has gone. Every figure comes from the rollups (never from raw calls), which
 are written in the calls' own transactions, so counts are exact: tool_call_hourly for counts,
-latency_hourly (one merged histogram per hour of the workspace or of one server) for latency.
+latency_hourly (one merged histogram per hour of the workspace, of one server or of one toolset)
+for latency.
 Percentiles are nearest-rank, read from those histograms (within 1% of the exact value, see
 gateway/histograms.py).
 
@@ -48,19 +49,25 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """The rollup rows of a workspace in a window, optionally of one of its servers."""
+    """The rollup rows of a workspace in a window, optionally only those of one of its servers,
+    of the calls that came through one toolset, or both."""
 
     workspace_id: uuid.UUID
     server_id: uuid.UUID | None
     window: Window
+    toolset_id: uuid.UUID | None = None
 
     def where(self) -> tuple[str, list[Any]]:
-        """Conditions on tool_call_hourly ($1 workspace, $2 and $3 the hours, $4 server)."""
+        """Conditions on tool_call_hourly ($1 workspace, $2 and $3 the hours, then the server
+        and the toolset, those given)."""
         sql = "workspace_id = $1 AND hour BETWEEN $2 AND $3"
         args: list[Any] = [self.workspace_id, self.window.first_hour, self.window.last_hour]
         if self.server_id is not None:
-            sql += " AND server_id = $4"
             args.append(self.server_id)
+            sql += f" AND server_id = ${len(args)}"
+        if self.toolset_id is not None:
+            args.append(self.toolset_id)
+            sql += f" AND toolset_id = ${len(args)}"
         return sql, args
 
 
@@ -81,11 +88,21 @@ WHERE {where}
 GROUP BY hour
 """
 
-# At most one row per hour of the window: the scope is the server, or the whole workspace. The
-# workspace condition keeps a server of another workspace from matching anything.
+# At most one row per hour of the window: the scope is the server, the toolset, or the whole
+# workspace. The workspace condition keeps a server or toolset of another workspace from
+# matching anything.
 _LATENCY = """
 SELECT hour, latency_histogram FROM latency_hourly
 WHERE scope = $1 AND workspace_id = $2 AND hour BETWEEN $3 AND $4
+"""
+
+# One server's calls through one toolset have no latency_hourly scope of their own: their
+# histograms are merged from tool_call_hourly (a row per tool of the server and hour, few
+# beside a workspace's).
+_LATENCY_MERGED = """
+SELECT hour, histogram_sum(latency_histogram) AS latency_histogram FROM tool_call_hourly
+WHERE {where}
+GROUP BY hour
 """
 
 
@@ -138,13 +155,17 @@ async def _top_tools(db: Executor, scope: Scope, limit: int) -> list[dict[str, A
 
 
 async def _latency(db: Executor, scope: Scope) -> list[dict[str, Any]]:
-    rows = await db.fetch(
-        _LATENCY,
-        scope.server_id or scope.workspace_id,
-        scope.workspace_id,
-        scope.window.first_hour,
-        scope.window.last_hour,
-    )
+    if scope.server_id is not None and scope.toolset_id is not None:
+        where, args = scope.where()
+        rows = await db.fetch(_LATENCY_MERGED.format(where=where), *args)
+    else:
+        rows = await db.fetch(
+            _LATENCY,
+            scope.server_id or scope.toolset_id or scope.workspace_id,
+            scope.workspace_id,
+            scope.window.first_hour,
+            scope.window.last_hour,
+        )
     values = {}
     for row in rows:
         read = percentiles(row["latency_histogram"], PERCENTILES)

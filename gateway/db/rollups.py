@@ -1,12 +1,14 @@
 """The hourly rollups of tool calls: their hours, the one statement that computes them, and
 rebuilding them.
 
-Three tables, all keyed by UTC hour: tool_call_hourly (per workspace, server and tool: counts,
-durations and a latency histogram), tool_call_caller_hourly (the same counts per caller_agent
-too) and latency_hourly (one merged latency histogram per workspace and per server). One
-statement computes them from raw rows (roll_up()): the call log writer runs it over each batch
-it has just inserted, in the batch's transaction (add_batch()), and rebuild() over every row
-held, for data that did not come through the writer (a bulk COPY, a restore).
+Three tables, all keyed by UTC hour: tool_call_hourly (per workspace, server, tool and toolset:
+counts, durations and a latency histogram), tool_call_caller_hourly (the same counts per
+caller_agent too) and latency_hourly (one merged latency histogram per workspace, per server
+and per toolset). The toolset is that of the calls which came through one, null (one value in
+the keys) for all others. One statement computes them from raw rows (roll_up()): the call log
+writer runs it over each batch it has just inserted, in the batch's transaction (add_batch()),
+and rebuild() over every row held, for data that did not come through the writer (a bulk COPY,
+a restore).
 
 The rollups outlive the raw calls (retention drops days of tool_calls long before their hours
 are pruned here, prune()): a rebuild recomputes only the hours whose calls are all still held.
@@ -36,43 +38,45 @@ def ceil_hour(moment: datetime) -> datetime:
 TABLES = ("tool_call_hourly", "tool_call_caller_hourly", "latency_hourly")
 
 # Adds the calls of tool_calls matching {where} to every rollup table. First one row per
-# (workspace, server, tool, hour, latency bucket) with GROUP BY, then one per rollup key with
-# its histogram built from those (histogram_of): a few million groups for 10M calls, and no
-# function call per call (latency_bucket() is inlined). date_bin gives the UTC hour three times
-# cheaper than date_trunc('hour', created_at, 'UTC'). Keys are upserted in key order, so
-# concurrent batches never deadlock each other. `calls` is scanned twice (the caller counts need
-# no buckets) rather than setting 10 million rows aside. A key already there adds the new
-# counts to its own (the aliases h, c and l). The result is the number of rollup rows inserted
-# or updated.
+# (workspace, server, tool, toolset, hour, latency bucket) with GROUP BY, then one per rollup
+# key with its histogram built from those (histogram_of): a few million groups for 10M calls,
+# and no function call per call (latency_bucket() is inlined). date_bin gives the UTC hour three
+# times cheaper than date_trunc('hour', created_at, 'UTC'). Keys are upserted in key order (a
+# null toolset last, as in the unique indexes), so concurrent batches never deadlock each other.
+# `calls` is scanned twice (the caller counts need no buckets) rather than setting 10 million
+# rows aside. A key already there adds the new counts to its own (the aliases h, c and l); a
+# null toolset_id matches a null one (NULLS NOT DISTINCT). A call through a toolset adds to
+# three latency scopes (workspace, server, toolset), any other to two. The result is the number
+# of rollup rows inserted or updated.
 _ROLL_UP = """
 WITH calls AS NOT MATERIALIZED (
-    SELECT workspace_id, server_id, tool_name, caller_agent, status, duration_ms,
+    SELECT workspace_id, server_id, tool_name, toolset_id, caller_agent, status, duration_ms,
            date_bin('1 hour', created_at, '2000-01-01 00:00:00+00') AS hour
     FROM tool_calls
     WHERE {where}
 ),
 by_bucket AS MATERIALIZED (
-    SELECT workspace_id, server_id, tool_name, hour,
+    SELECT workspace_id, server_id, tool_name, toolset_id, hour,
            latency_bucket(duration_ms) AS bucket,
            count(*) AS calls,
            count(*) FILTER (WHERE status = 'error') AS errors,
            count(duration_ms) AS timed,
            coalesce(sum(duration_ms), 0) AS duration_sum
     FROM calls
-    GROUP BY 1, 2, 3, 4, 5
+    GROUP BY 1, 2, 3, 4, 5, 6
 ),
 per_tool AS (
-    INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, call_count,
-                                      error_count, duration_count, duration_sum_ms,
+    INSERT INTO tool_call_hourly AS h (workspace_id, server_id, tool_name, hour, toolset_id,
+                                      call_count, error_count, duration_count, duration_sum_ms,
                                       latency_histogram)
-    SELECT workspace_id, server_id, tool_name, hour,
+    SELECT workspace_id, server_id, tool_name, hour, toolset_id,
            sum(calls)::bigint, sum(errors)::bigint, sum(timed)::bigint, sum(duration_sum)::bigint,
            coalesce(histogram_of(array_agg(bucket) FILTER (WHERE bucket IS NOT NULL),
                                  array_agg(calls) FILTER (WHERE bucket IS NOT NULL)), '{{}}')
     FROM by_bucket
-    GROUP BY workspace_id, tool_name, server_id, hour
-    ORDER BY workspace_id, tool_name, server_id, hour
-    ON CONFLICT (workspace_id, tool_name, server_id, hour) DO UPDATE SET
+    GROUP BY workspace_id, tool_name, server_id, hour, toolset_id
+    ORDER BY workspace_id, tool_name, server_id, hour, toolset_id
+    ON CONFLICT (workspace_id, tool_name, server_id, hour, toolset_id) DO UPDATE SET
         call_count = h.call_count + excluded.call_count,
         error_count = h.error_count + excluded.error_count,
         duration_count = h.duration_count + excluded.duration_count,
@@ -82,14 +86,14 @@ per_tool AS (
 ),
 per_caller AS (
     INSERT INTO tool_call_caller_hourly AS c (workspace_id, caller_agent, tool_name, server_id,
-                                             hour, call_count, error_count)
-    SELECT workspace_id, caller_agent, tool_name, server_id, hour,
+                                             hour, toolset_id, call_count, error_count)
+    SELECT workspace_id, caller_agent, tool_name, server_id, hour, toolset_id,
            count(*), count(*) FILTER (WHERE status = 'error')
     FROM calls
     WHERE caller_agent IS NOT NULL
-    GROUP BY workspace_id, caller_agent, tool_name, server_id, hour
-    ORDER BY workspace_id, caller_agent, tool_name, server_id, hour
-    ON CONFLICT (workspace_id, caller_agent, tool_name, server_id, hour)
+    GROUP BY workspace_id, caller_agent, tool_name, server_id, hour, toolset_id
+    ORDER BY workspace_id, caller_agent, tool_name, server_id, hour, toolset_id
+    ON CONFLICT (workspace_id, caller_agent, tool_name, server_id, hour, toolset_id)
     DO UPDATE SET
         call_count = c.call_count + excluded.call_count,
         error_count = c.error_count + excluded.error_count
@@ -99,8 +103,8 @@ per_scope AS (
     INSERT INTO latency_hourly AS l (scope, workspace_id, hour, latency_histogram)
     SELECT s.scope, b.workspace_id, b.hour, histogram_of(array_agg(b.bucket), array_agg(b.calls))
     FROM by_bucket AS b
-    CROSS JOIN LATERAL (VALUES (b.workspace_id), (b.server_id)) AS s (scope)
-    WHERE b.bucket IS NOT NULL
+    CROSS JOIN LATERAL (VALUES (b.workspace_id), (b.server_id), (b.toolset_id)) AS s (scope)
+    WHERE b.bucket IS NOT NULL AND s.scope IS NOT NULL
     GROUP BY s.scope, b.workspace_id, b.hour
     ORDER BY s.scope, b.hour
     ON CONFLICT (scope, hour) DO UPDATE SET

@@ -7,6 +7,8 @@ import re
 from datetime import UTC, datetime
 from importlib import resources
 
+from asyncpg import ServerVersion
+
 from gateway.db import partitions
 from gateway.db.types import Connection
 
@@ -14,7 +16,24 @@ log = logging.getLogger(__name__)
 
 # Any constant works; it only has to be the same in every gateway process.
 _MIGRATION_LOCK = 0x6D637067  # "mcpg"
+
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+# The oldest PostgreSQL the schema runs on: the rollups' keys are UNIQUE NULLS NOT DISTINCT.
+OLDEST_POSTGRES = 15
+
+
+class UnsupportedPostgres(Exception):
+    """The database server is older than OLDEST_POSTGRES."""
+
+
+def check_postgres(version: ServerVersion) -> None:
+    """Refuse, in words, a server the schema would fail on with a syntax error."""
+    if version.major < OLDEST_POSTGRES:
+        raise UnsupportedPostgres(
+            f"mcp-gateway needs PostgreSQL {OLDEST_POSTGRES} or later; "
+            f"this server is PostgreSQL {version.major}.{version.minor}"
+        )
 
 
 def schema_sql() -> str:
@@ -52,6 +71,7 @@ async def apply_schema(
     process, whatever happened to the others meanwhile. An advisory lock makes concurrent
     starts of several gateway processes safe.
     """
+    check_postgres(conn.get_server_version())
     await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
     try:
         version = await current_version(conn)

@@ -29,7 +29,13 @@ COLUMNS = (
     "output_size_bytes",
     "error_message",
     "created_at",
+    "toolset_id",
 )
+# Where a record holds the fields the batch write reads (records are plain tuples here).
+_ID_INDEX = COLUMNS.index("id")
+_WORKSPACE_INDEX = COLUMNS.index("workspace_id")
+_SERVER_INDEX = COLUMNS.index("server_id")
+_CREATED_AT_INDEX = COLUMNS.index("created_at")
 
 # The batch's workspaces, then its servers, locked until commit (FOR KEY SHARE). A server
 # deleted meanwhile is simply absent (its rows are skipped), and one cannot be deleted before
@@ -64,7 +70,9 @@ async def write_batch(
     # Partitions are made days ahead (gateway/db/partitions.py), so this is a deployment whose
     # maintenance did not run: rather than lose the calls, their days get partitions now. The
     # rows are the proxy's (now) or ingested ones checked against the retention.
-    await partitions.create_days(conn, {partitions.floor_day(r[-1]) for r in records})
+    await partitions.create_days(
+        conn, {partitions.floor_day(r[_CREATED_AT_INDEX]) for r in records}
+    )
     return await _write_batch(conn, records, retry=retry)
 
 
@@ -75,16 +83,16 @@ _NO_PARTITION = 'no partition of relation "tool_calls" found for row'
 async def _write_batch(conn: Connection, records: Sequence[tuple[Any, ...]], *, retry: bool) -> int:
     async with conn.transaction():
         # Compared as UUID.int: hashing a stdlib UUID per row is slow.
-        workspaces = {r[1].int: r[1] for r in records}
+        workspaces = {r[_WORKSPACE_INDEX].int: r[_WORKSPACE_INDEX] for r in records}
         await conn.execute(_LOCK_WORKSPACES, list(workspaces.values()))
-        ids = {r[2].int: r[2] for r in records}
+        ids = {r[_SERVER_INDEX].int: r[_SERVER_INDEX] for r in records}
         locked = await conn.fetch(_LOCK_SERVERS, list(ids.values()))
-        servers = {r[0].int: r[1].int for r in locked}
-        rows = [r for r in records if servers.get(r[2].int) == r[1].int]
+        servers = {r["id"].int: r["workspace_id"].int for r in locked}
+        rows = [r for r in records if servers.get(r[_SERVER_INDEX].int) == r[_WORKSPACE_INDEX].int]
         if retry and rows:
             found = await conn.fetch(_STORED_IDS, list(map(_ID, rows)), *_time_range(rows))
-            stored = {r[0] for r in found}
-            rows = [r for r in rows if r[0] not in stored]
+            stored = {r["id"] for r in found}
+            rows = [r for r in rows if r[_ID_INDEX] not in stored]
         if not rows:
             return 0
         await conn.copy_records_to_table("tool_calls", records=rows, columns=COLUMNS)
@@ -93,8 +101,8 @@ async def _write_batch(conn: Connection, records: Sequence[tuple[Any, ...]], *, 
 
 
 # A record's id and created_at, at C speed.
-_ID = operator.itemgetter(0)
-_CREATED_AT = operator.itemgetter(-1)
+_ID = operator.itemgetter(_ID_INDEX)
+_CREATED_AT = operator.itemgetter(_CREATED_AT_INDEX)
 
 
 def _time_range(records: Sequence[tuple[Any, ...]]) -> tuple[datetime, datetime]:
@@ -114,6 +122,8 @@ class Filters:
     status: str | None = None
     # True: refusals only (see REFUSED); False: every call but them.
     refused: bool | None = None
+    # Only the calls that came through this toolset.
+    toolset_id: uuid.UUID | None = None
     # Both bounds inclusive.
     start: datetime | None = None
     end: datetime | None = None
@@ -127,7 +137,7 @@ _NOT_REFUSED = f"NOT coalesce({REFUSED}, false)"
 
 _ITEM_COLUMNS = """
 c.id, c.server_id, s.name AS server_name, c.tool_name, c.caller_agent, c.status, c.duration_ms,
-c.input_tokens, c.output_tokens, c.output_size_bytes, c.error_message, c.created_at
+c.input_tokens, c.output_tokens, c.output_size_bytes, c.error_message, c.created_at, c.toolset_id
 """
 
 _NEWEST_FIRST = "ORDER BY created_at DESC, id DESC"
@@ -164,6 +174,8 @@ def _raw_conditions(
         conditions.append(f"caller_agent = {sql.param(filters.caller_agent)}")
     if filters.status is not None:
         conditions.append(f"status = {sql.param(filters.status)}")
+    if filters.toolset_id is not None:
+        conditions.append(f"toolset_id = {sql.param(filters.toolset_id)}")
     if refused is not None:
         conditions.append(REFUSED if refused else _NOT_REFUSED)
     return conditions
@@ -249,10 +261,11 @@ async def _count(
     db: Executor, workspace_id: uuid.UUID, filters: Filters, tool_names: list[str] | None
 ) -> int:
     """Exact, without counting millions of rows: whole hours come from the rollups (written in
-    the same transactions as the calls; tool_call_caller_hourly for a caller_agent filter), only
-    the partial hours at the edges of the range are counted row by row. The rollups know
-    nothing of refusals: those are counted row by row over the whole range, on their partial
-    index (few beside the calls), and taken from the rollups' count for `refused` false."""
+    the same transactions as the calls; tool_call_caller_hourly for a caller_agent filter; both
+    keep the toolset apart), only the partial hours at the edges of the range are counted row by
+    row. The rollups know nothing of refusals: those are counted row by row over the whole
+    range, on their partial index (few beside the calls), and taken from the rollups' count for
+    `refused` false."""
     sql = _Sql()
     workspace = sql.param(workspace_id)
     tools = None if tool_names is None else f"ANY({sql.param(tool_names)}::text[])"
@@ -292,6 +305,8 @@ async def _count(
             rollup.append(f"caller_agent = {sql.param(filters.caller_agent)}")
         if filters.server_id is not None:
             rollup.append(f"server_id = {sql.param(filters.server_id)}")
+        if filters.toolset_id is not None:
+            rollup.append(f"toolset_id = {sql.param(filters.toolset_id)}")
         if tools is not None:
             rollup.append(f"tool_name = {tools}")
         if first_full is not None:

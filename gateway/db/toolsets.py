@@ -193,3 +193,12 @@ async def _hold_servers(
     unknown = [server_id for server_id in wanted if server_id not in found]
     if unknown:
         raise UnknownServers(unknown)
+
+
+# Names are unique in a workspace (toolsets_workspace_id_name_key).
+_NAMES = "SELECT id, name FROM toolsets WHERE workspace_id = $1 ORDER BY name"
+
+
+async def names(db: Executor, workspace_id: uuid.UUID) -> list[tuple[uuid.UUID, str]]:
+    """The workspace's toolsets as (id, name), by name (the dashboard's toolset filters)."""
+    return [(row["id"], row["name"]) for row in await db.fetch(_NAMES, workspace_id)]

@@ -156,6 +156,7 @@ def record_calls(
                 output_size_bytes=outcome.size,
                 error_message=error,
                 created_at=created_at,
+                toolset_id=toolset_id,
             ),
             reservation,
         )

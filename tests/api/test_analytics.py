@@ -1,7 +1,8 @@
 """/analytics: figures checked against exact ones computed here from the ingested raw calls;
 the window, validation, tenant isolation, the response cache (one snapshot that every endpoint
 reads, so they agree with each other), the writer-kept latency
-histograms (also after a server is deleted), and `rollups rebuild` of every rollup table."""
+histograms (also after a server is deleted), the figures of the calls through a toolset, and
+`rollups rebuild` of every rollup table."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from tests.helpers.analytics import (
 )
 from tests.helpers.api import Api, AppFactory
 from tests.helpers.processes import environment
+from tests.helpers.toolset_calls import add_toolset, write_calls
 
 ENDPOINTS = ("top-tools", "error-rates", "latency", "volume")
 
@@ -259,9 +261,11 @@ async def latency_rows(db: asyncpg.Connection, workspace_id: str) -> Histograms:
 async def check_latency_rows(
     db: asyncpg.Connection, workspace_id: str, calls: list[dict[str, Any]]
 ) -> None:
-    """latency_hourly holds exactly the histograms of `calls`: per workspace and per server."""
+    """latency_hourly holds exactly the histograms of `calls`: per workspace, per server, and
+    per toolset of the calls that came through one."""
     expected = histograms(calls, lambda c: workspace_id)
     expected |= histograms(calls, lambda c: c["server_id"])
+    expected |= histograms([c for c in calls if c.get("toolset_id")], lambda c: c["toolset_id"])
     assert await latency_rows(db, workspace_id) == expected
 
 
@@ -411,3 +415,100 @@ async def test_rebuild_command(api: Api, db: asyncpg.Connection, database_url: s
         timeout=60,
     )
     assert bad.returncode == 2 and "--workspace" in bad.stderr
+
+
+def through_toolsets(
+    rng: random.Random, calls: list[dict[str, Any]], members: dict[str, list[str]]
+) -> None:
+    """Send some of `calls` through a toolset (by `toolset_id`) that has their server."""
+    for call in calls:
+        toolsets = [t for t, servers in members.items() if call["server_id"] in servers]
+        call["toolset_id"] = rng.choice([None, *toolsets])
+
+
+async def test_a_toolsets_figures_equal_those_of_the_calls_through_it(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    """Calls through two toolsets among direct ones (written by the call log as the toolset
+    endpoint writes them): `toolset_id` narrows every endpoint to the calls through it, alone
+    or with `server_id`, each its own cached snapshot; the workspace's figures still count
+    every call."""
+    api = await make_api(analytics_cache_seconds=60)
+    owner, key, servers = await workspace(api)
+    research = await add_toolset(db, owner.workspace_id, "research", servers)
+    ops = await add_toolset(db, owner.workspace_id, "ops", servers[:2])
+    rng = random.Random(23)
+    now = datetime.now(UTC)
+    calls = random_calls(rng, servers, now, 2500, hours=30)
+    calls += random_calls(rng, servers, now, 300, hours=24 * 6)
+    through_toolsets(rng, calls, {research: servers, ops: servers[:2]})
+    await write_calls(api, owner.workspace_id, calls)
+    await check_latency_rows(db, owner.workspace_id, calls)
+
+    async def scenario() -> None:
+        # Unfiltered first: a toolset's answers must not come from its cached snapshot.
+        await check_against_raw(api, owner, calls, 1, None)
+        for toolset in (research, ops):
+            await check_against_raw(api, key, calls, 1, None, toolset)
+            await check_against_raw(api, key, calls, 7, None, toolset)
+        # One server's calls through one toolset: latency merged from the per-tool histograms.
+        await check_against_raw(api, key, calls, 1, servers[1], research)
+        await check_against_raw(api, key, calls, 7, servers[0], ops)
+        # A server outside the toolset: no calls through it.
+        await check_against_raw(api, key, calls, 1, servers[2], ops)
+
+    await same_hour(scenario)
+
+    # Another workspace's toolset, or none at all, matches no calls; a malformed id is 422.
+    other, _, _ = await workspace(api)
+    theirs = await add_toolset(db, other.workspace_id, "research")
+    for toolset in (theirs, str(uuid.uuid4())):
+        assert await analytics(api, key, "top-tools", toolset_id=toolset) == []
+        volume = await analytics(api, key, "volume", days=1, toolset_id=toolset)
+        assert len(volume) == 24 and all(item["call_count"] == 0 for item in volume)
+        latency = await analytics(api, key, "latency", days=1, toolset_id=toolset)
+        assert all(item["p50_ms"] is None for item in latency)
+    for endpoint in ENDPOINTS:
+        reply = await api.get(f"/analytics/{endpoint}", params={"toolset_id": "x"}, auth=key)
+        assert reply.status == 422
+        assert reply.detail.startswith("query.toolset_id"), reply.detail
+
+
+async def test_deleting_a_server_takes_its_calls_out_of_its_toolsets_latency(
+    make_api: AppFactory, db: asyncpg.Connection
+) -> None:
+    """A toolset's latency rows lose the deleted server's durations (hours left without any go)
+    and then equal those a rebuild computes from the calls that are left."""
+    api = await make_api(analytics_cache_seconds=0.001)
+    owner, _, servers = await workspace(api)
+    research = await add_toolset(db, owner.workspace_id, "research", servers)
+    ops = await add_toolset(db, owner.workspace_id, "ops", servers[:1])
+    rng = random.Random(24)
+    now = datetime.now(UTC)
+    calls = random_calls(rng, servers, now, 1500, hours=12)
+    through_toolsets(rng, calls, {research: servers, ops: servers[:1]})
+    doomed = servers[0]
+    # An hour in which only the doomed server has timed calls through the toolset, its slowest.
+    alone = floor_hour(now) - timedelta(hours=15)
+    calls += [
+        {"server_id": doomed, "tool_name": "slow", "status": "success", "duration_ms": d,
+         "created_at": iso(at), "toolset_id": research}
+        for d, at in ((90_000, alone), (120_000, now))
+    ]  # fmt: skip
+    await write_calls(api, owner.workspace_id, calls)
+    await check_latency_rows(db, owner.workspace_id, calls)
+    assert await latency_rows(db, owner.workspace_id) != {}
+
+    await api.delete(f"/servers/{doomed}", auth=owner, expect=204)
+    remaining = [c for c in calls if c["server_id"] != doomed]
+    await check_latency_rows(db, owner.workspace_id, remaining)
+    # ops held only the doomed server's calls: nothing of it is left.
+    assert not await db.fetchval(
+        "SELECT count(*) FROM latency_hourly WHERE scope = $1", uuid.UUID(ops)
+    )
+    before = await snapshot(db)
+    async with api.app[POOL].acquire() as conn:
+        await rebuild(conn)
+    assert await snapshot(db) == before
+    await asyncio.sleep(0.01)
+    await check_against_raw(api, owner, remaining, 1, None, research)

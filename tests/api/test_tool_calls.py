@@ -17,6 +17,7 @@ from gateway.db.partitions import floor_day
 from gateway.db.rollups import floor_hour
 from tests.helpers.api import Account, Api, AppFactory
 from tests.helpers.proxying import add_server
+from tests.helpers.toolset_calls import add_toolset, write_calls
 
 
 async def workspace_with_server(api: Api, db: asyncpg.Connection) -> tuple[Account, str, str]:
@@ -42,6 +43,8 @@ async def test_ingest_one_then_read_it(api: Api, db: asyncpg.Connection) -> None
         output_size_bytes=2048,
         error_message=None,
         ignored_field="x",
+        # Only the gateway's toolset endpoint knows which calls came through a toolset.
+        toolset_id=str(uuid.uuid4()),
     )
     created = (await api.post("/tool-calls", json=body, auth=key, expect=201)).body
     server_name = await db.fetchval("SELECT name FROM servers WHERE id = $1", uuid.UUID(server_id))
@@ -58,7 +61,9 @@ async def test_ingest_one_then_read_it(api: Api, db: asyncpg.Connection) -> None
         "output_size_bytes": 2048,
         "error_message": None,
         "created_at": created["created_at"],
+        "toolset_id": None,
     }
+    assert await db.fetchval("SELECT toolset_id FROM tool_calls") is None
     assert before <= datetime.fromisoformat(created["created_at"]) <= datetime.now(UTC)
     # Committed before the 201: read right away, with a token as well as with the key.
     for auth in (key, owner):
@@ -516,3 +521,72 @@ async def test_a_refusal_of_the_gateway_is_found_by_the_refused_filter(
     assert reply.body["total"] == 1
     reply = await api.get("/tool-calls", params={"refused": "false"}, auth=key, expect=200)
     assert [item["tool_name"] for item in reply.body["items"]] == ["search"]
+
+
+async def test_the_toolset_filter_lists_and_counts_the_calls_through_it_exactly(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """Calls through toolsets, written by the call log as the toolset endpoint writes them:
+    each item says its toolset (null for the others), and `toolset_id` keeps exactly the
+    calls through that toolset, with every other filter, over whole and partial hours."""
+    owner, key, server_id = await workspace_with_server(api, db)
+    other_server = await add_server(api, db, owner, "http://127.0.0.1:9/other")
+    servers = [server_id, other_server]
+    research = await add_toolset(db, owner.workspace_id, "research", servers)
+    ops = await add_toolset(db, owner.workspace_id, "ops", [server_id])
+    rng = random.Random(14)
+    base = floor_day(datetime.now(UTC)) - timedelta(days=2)
+    body = [
+        tool_call(
+            rng.choice(servers),
+            tool_name=rng.choice(["alpha", "beta", "alphabet"]),
+            status=rng.choice(["success", "error"]),
+            caller_agent=rng.choice([None, "x"]),
+            created_at=iso(base + timedelta(seconds=rng.randrange(6 * 3600))),
+            toolset_id=rng.choice([None, research, ops]),
+        )
+        for _ in range(600)
+    ]
+    records = await write_calls(api, owner.workspace_id, body)
+
+    newest_first = sorted(records, key=lambda r: (r.created_at, r.id), reverse=True)
+    for toolset in (research, ops):
+        reply = await api.get(
+            "/tool-calls", params={"toolset_id": toolset, "limit": 200}, auth=key, expect=200
+        )
+        expected = [r for r in newest_first if str(r.toolset_id) == toolset]
+        assert 0 < reply.body["total"] == len(expected)
+        assert [item["id"] for item in reply.body["items"]] == [str(r.id) for r in expected][:200]
+        assert {item["toolset_id"] for item in reply.body["items"]} == {toolset}
+    listed = await api.get("/tool-calls", params={"limit": 200}, auth=key, expect=200)
+    toolset_of = {str(r.id): None if r.toolset_id is None else str(r.toolset_id) for r in records}
+    assert all(item["toolset_id"] == toolset_of[item["id"]] for item in listed.body["items"])
+    assert {item["toolset_id"] for item in listed.body["items"]} == {None, research, ops}
+
+    for _ in range(30):
+        toolset = rng.choice([research, ops])
+        params: dict[str, Any] = {"limit": 1, "toolset_id": toolset}
+        conditions: list[Check] = [equals("toolset_id", toolset)]
+        if rng.random() < 0.6:
+            start = base + timedelta(seconds=rng.randrange(-600, 6 * 3600))
+            params["start"] = iso(start)
+            conditions.append(not_before(start))
+        if rng.random() < 0.6:
+            low = datetime.fromisoformat(params.get("start", iso(base)))
+            end = low + timedelta(seconds=rng.randrange(0, 7 * 3600))
+            params["end"] = iso(end)
+            conditions.append(not_after(end))
+        add_filters(rng, params, conditions, servers)
+        if rng.random() < 0.3:
+            params["caller_agent"] = "x"
+            conditions.append(equals("caller_agent", "x"))
+        await assert_total(api, key, body, params, conditions)
+
+    # A toolset of another workspace, or none at all, matches nothing; a malformed id is 422.
+    other, _, _ = await workspace_with_server(api, db)
+    theirs = await add_toolset(db, other.workspace_id, "research")
+    for toolset in (theirs, str(uuid.uuid4())):
+        reply = await api.get("/tool-calls", params={"toolset_id": toolset}, auth=key, expect=200)
+        assert reply.body == {"items": [], "total": 0}
+    reply = await api.get("/tool-calls", params={"toolset_id": "x"}, auth=key, expect=422)
+    assert reply.detail.startswith("query.toolset_id"), reply.detail

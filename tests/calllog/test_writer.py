@@ -22,7 +22,7 @@ from gateway.calllog.records import ToolCall
 from gateway.calllog.writer import CALL_LOG, CallLog, RowsRejected
 from gateway.db import rollups
 from gateway.db import tool_calls as tool_calls_db
-from gateway.db.histograms import percentile
+from gateway.db.histograms import latency_bucket, percentile
 from gateway.db.partitions import floor_day
 from gateway.db.pool import create_pool
 from gateway.db.types import Connection
@@ -79,6 +79,7 @@ def record(
     duration: int | None = 10,
     status: str = "success",
     at: datetime | None = None,
+    toolset: uuid.UUID | None = None,
 ) -> ToolCall:
     return ToolCall(
         id=uuid7(),
@@ -93,7 +94,114 @@ def record(
         output_size_bytes=100,
         error_message=None if status == "success" else "failed",
         created_at=at or datetime.now(UTC),
+        toolset_id=toolset,
     )
+
+
+async def add_toolsets(
+    db: asyncpg.Connection, workspace: uuid.UUID, *names: str
+) -> list[uuid.UUID]:
+    """Toolset rows of the workspace (plain SQL: their API is not the call log's business)."""
+    return [
+        await db.fetchval(
+            "INSERT INTO toolsets (workspace_id, name) VALUES ($1, $2) RETURNING id",
+            workspace,
+            name,
+        )
+        for name in names
+    ]
+
+
+def test_a_tool_calls_fields_are_the_columns_it_is_copied_into() -> None:
+    """The writer COPYs ToolCall tuples into these columns, in this order; it reads a record's
+    fields by their place in COLUMNS."""
+    assert ToolCall._fields == tool_calls_db.COLUMNS
+
+
+def bucketed(durations: list[int]) -> list[int]:
+    """The latency histogram of some durations, built here (as stored: up to the highest bucket
+    counted)."""
+    histogram: list[int] = []
+    for duration in durations:
+        bucket = latency_bucket(duration)
+        histogram.extend([0] * (bucket + 1 - len(histogram)))
+        histogram[bucket] += 1
+    return histogram
+
+
+async def test_calls_through_toolsets_are_rolled_up_apart(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    """The toolset is part of every rollup key: a tool's calls through a toolset count in rows
+    of their own, beside those of its direct calls (toolset null), and in the toolset's latency
+    histograms, besides the workspace's and the server's. Batches upserting the same keys add
+    up to what a rebuild computes."""
+    workspace, (server, other) = servers
+    research, ops = await add_toolsets(db, workspace, "research", "ops")
+    rng = random.Random(31)
+    hour = floor_day(datetime.now(UTC)) - timedelta(days=2) + timedelta(hours=10)
+    calls = [
+        record(
+            workspace,
+            rng.choice([server, other]),
+            rng.choice(["search", "fetch"]),
+            duration=None if i % 40 == 0 else int(rng.lognormvariate(5, 1.2)),
+            status="error" if i % 6 == 0 else "success",
+            at=hour + timedelta(minutes=rng.randrange(150)),
+            toolset=rng.choice([None, research, ops]),
+        )._replace(caller_agent=rng.choice([None, "planner", "coder"]))
+        for i in range(3000)
+    ]
+    log = CallLog(pool, batch_rows=400)
+    log.start()
+    await log.write(calls)
+    await log.close()
+    assert log.stats.written == len(calls)
+
+    def hour_of(call: ToolCall) -> datetime:
+        return call.created_at.replace(minute=0, second=0, microsecond=0)
+
+    counts: dict[tuple[Any, ...], list[int]] = {}
+    callers: dict[tuple[Any, ...], list[int]] = {}
+    durations: dict[tuple[uuid.UUID, datetime], list[int]] = {}
+    for c in calls:
+        key = (c.server_id, c.tool_name, hour_of(c), c.toolset_id)
+        counts.setdefault(key, [0, 0])[0] += 1
+        counts[key][1] += c.status == "error"
+        if c.caller_agent is not None:
+            by_caller = callers.setdefault((c.caller_agent, *key), [0, 0])
+            by_caller[0] += 1
+            by_caller[1] += c.status == "error"
+        if c.duration_ms is not None:
+            for scope in (workspace, c.server_id, c.toolset_id):
+                if scope is not None:
+                    durations.setdefault((scope, hour_of(c)), []).append(c.duration_ms)
+    rows = await db.fetch("SELECT * FROM tool_call_hourly")
+    assert {
+        (r["server_id"], r["tool_name"], r["hour"], r["toolset_id"]): [
+            r["call_count"],
+            r["error_count"],
+        ]
+        for r in rows
+    } == counts
+    assert len(rows) == len(counts)  # one row per key: null toolsets are one value
+    rows = await db.fetch("SELECT * FROM tool_call_caller_hourly")
+    assert {
+        (r["caller_agent"], r["server_id"], r["tool_name"], r["hour"], r["toolset_id"]): [
+            r["call_count"],
+            r["error_count"],
+        ]
+        for r in rows
+    } == callers
+    rows = await db.fetch("SELECT scope, hour, latency_histogram FROM latency_hourly")
+    assert {(r["scope"], r["hour"]): r["latency_histogram"] for r in rows} == {
+        key: bucketed(values) for key, values in durations.items()
+    }
+
+    written = await snapshot(db)
+    async with pool.acquire() as conn:
+        await rollups.rebuild(conn)
+    assert await snapshot(db) == written
 
 
 async def test_rollups_and_percentiles_match_the_rows(
@@ -198,14 +306,17 @@ async def test_a_server_deleted_while_its_batch_is_in_flight_loses_its_calls_too
 async def test_concurrent_batches_and_a_deleted_server_keep_every_rollup_exact(
     pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
 ) -> None:
-    """Writers on several connections upsert the same rollup keys (shuffled batches) while a
-    server is deleted: nobody deadlocks, and every rollup table is what a rebuild computes."""
+    """Writers on several connections upsert the same rollup keys (shuffled batches, calls
+    through toolsets among them) while a server is deleted: nobody deadlocks, and every rollup
+    table is what a rebuild computes (the doomed server's durations left the toolsets'
+    histograms too)."""
     workspace, (server, other) = servers
     doomed = await db.fetchval(
         "INSERT INTO servers (workspace_id, name, url) VALUES ($1, 'doomed', 'http://x') "
         "RETURNING id",
         workspace,
     )
+    toolsets = await add_toolsets(db, workspace, "research", "ops")
     rng = random.Random(8)
     hour = floor_day(datetime.now(UTC)) - timedelta(days=2) + timedelta(hours=10)
 
@@ -224,6 +335,7 @@ async def test_concurrent_batches_and_a_deleted_server_keep_every_rollup_exact(
                 output_size_bytes=None,
                 error_message=None,
                 created_at=hour + timedelta(minutes=rng.randrange(180)),
+                toolset_id=rng.choice([None, *toolsets]),
             )
             for _ in range(300)
         ]
@@ -243,6 +355,7 @@ async def test_concurrent_batches_and_a_deleted_server_keep_every_rollup_exact(
     assert sum(r["call_count"] for r in written["tool_call_hourly"]) == await db.fetchval(
         "SELECT count(*) FROM tool_calls"
     )
+    assert {r["scope"] for r in written["latency_hourly"]} >= {*toolsets, workspace}
     async with pool.acquire() as conn:
         await rollups.rebuild(conn)
     assert await snapshot(db) == written

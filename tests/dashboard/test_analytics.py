@@ -1,5 +1,5 @@
-"""The analytics page: the API's figures for 1, 7 or 30 days, the workspace or one server, and
-every panel of a page view counting the same calls."""
+"""The analytics page: the API's figures for 1, 7 or 30 days, the workspace, one server or the
+calls through one toolset, and every panel of a page view counting the same calls."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tests.helpers.analytics import iso
 from tests.helpers.api import Account, Api, AppFactory
 from tests.helpers.browser import Browser, BrowserFactory
 from tests.helpers.proxying import add_server
+from tests.helpers.toolset_calls import add_toolset, write_calls
 
 
 async def test_figures_and_charts_for_each_period_and_server(
@@ -41,6 +42,46 @@ async def test_figures_and_charts_for_each_period_and_server(
     assert page.has("0.00 %") and page.has("one server") and not page.has("<b>search</b>")
     page = await browser.get("/analytics?days=2")
     assert page.has("Input should be 1, 7 or 30") and "<svg" not in page.text
+
+
+async def test_figures_of_the_calls_through_one_toolset(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    owner = await api.org(await api.signup(), "Toolsets")
+    key = await api.api_key(owner)
+    first = await add_server(api, db, owner, "http://127.0.0.1:9/mcp")
+    second = await add_server(api, db, owner, "http://127.0.0.1:9/mcp")
+    research = await add_toolset(db, owner.workspace_id, "research", [first, second])
+    await add_toolset(db, (await api.signup()).workspace_id, "theirs")
+    now = iso(datetime.now(UTC))
+    await write_calls(
+        api,
+        owner.workspace_id,
+        [
+            *[{"server_id": first, "tool_name": "search", "status": "success",
+               "duration_ms": 20, "created_at": now, "toolset_id": research} for _ in range(3)],
+            *[{"server_id": second, "tool_name": "fetch", "status": "error",
+               "created_at": now, "toolset_id": research} for _ in range(2)],
+        ],
+    )  # fmt: skip
+    direct = {"server_id": first, "tool_name": "direct", "status": "success"}
+    await api.post("/tool-calls", json=[direct] * 4, auth=key, expect=201)
+    browser = await browser_for(await api.member(owner))
+
+    page = await browser.get("/analytics?days=1")
+    assert agree(panels(page.text)) == 9
+    assert f'<option value="{research}">research</option>' in page.text
+    assert not page.has("theirs")
+    page = await browser.get(f"/analytics?days=1&toolset_id={research}")
+    assert agree(panels(page.text)) == 5 and panels(page.text)["failed"] == 2
+    assert page.has("one toolset") and page.has("40.00 %") and not page.has("direct")
+    assert f'<option value="{research}" selected>research</option>' in page.text
+    # The top tools lead to their calls through the toolset.
+    assert f"/tool-calls?tool_name=search&amp;toolset_id={research}" in page.text
+    page = await browser.get(f"/analytics?days=1&toolset_id={research}&server_id={second}")
+    assert agree(panels(page.text)) == 2 and page.has("one server") and page.has("one toolset")
+    page = await browser.get("/analytics?days=1&toolset_id=nope")
+    assert page.has("Input should be a valid UUID") and "<svg" not in page.text
 
 
 def panels(text: str) -> dict[str, int]:

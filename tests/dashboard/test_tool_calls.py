@@ -1,10 +1,12 @@
-"""The tool-call log pages: every filter of GET /tool-calls, pages of 50, one call's details."""
+"""The tool-call log pages: every filter of GET /tool-calls (the toolset's too), pages of 50,
+one call's details."""
 
 from __future__ import annotations
 
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
+from html import unescape
 from typing import Any
 
 import asyncpg
@@ -12,6 +14,7 @@ import asyncpg
 from tests.helpers.api import Account, Api
 from tests.helpers.browser import BrowserFactory
 from tests.helpers.proxying import add_server
+from tests.helpers.toolset_calls import add_toolset, write_calls
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 
@@ -159,3 +162,70 @@ async def test_the_refused_filter_and_refusals_marked(
 
     page = await browser.get("/tool-calls?refused=perhaps")
     assert rows(page.text) == 0 and page.has("refused: Input should be a valid boolean")
+
+
+def option(value: str, text: str, *, selected: bool = False) -> str:
+    return f'<option value="{value}"{" selected" if selected else ""}>{text}</option>'
+
+
+async def test_the_toolset_filter_and_the_toolset_of_each_call(
+    api: Api, db: asyncpg.Connection, browser_for: BrowserFactory
+) -> None:
+    owner, key, first, second = await arrange(api, db)
+    browser = await browser_for(await api.member(owner, "member"))
+    # No toolset in the workspace: no toolset filter.
+    assert 'name="toolset_id"' not in (await browser.get("/tool-calls")).text
+    research = await add_toolset(db, owner.workspace_id, "research", [first, second])
+    ops = await add_toolset(db, owner.workspace_id, f"ops {HOSTILE}", [first])
+    stranger = await api.signup()
+    await add_toolset(db, stranger.workspace_id, "theirs")
+    now = datetime.now(UTC).isoformat()
+    call = {"server_id": first, "tool_name": "search", "status": "success", "created_at": now}
+    await write_calls(
+        api,
+        owner.workspace_id,
+        [
+            *[{**call, "toolset_id": research} for _ in range(3)],
+            {**call, "server_id": second, "toolset_id": research},
+            *[{**call, "toolset_id": ops} for _ in range(2)],
+        ],
+    )
+    await ingest(api, key, first, 1)
+
+    page = await browser.get("/tool-calls")
+    assert rows(page.text) == 7
+    # The workspace's toolsets by name, and no other workspace's.
+    select = re.search(
+        r'<select id="f-toolset_id" name="toolset_id">(.*?)</select>', page.text, re.S
+    )
+    assert select is not None
+    names = [unescape(n) for n in re.findall(r"<option [^>]*>([^<]*)</option>", select.group(1))]
+    assert names == ["All calls", f"ops {HOSTILE}", "research"]
+    assert not page.has("theirs") and HOSTILE not in page.text
+    assert page.text.count("via research") == 4 and page.has(f"via ops {HOSTILE}")
+
+    page = await browser.get(f"/tool-calls?toolset_id={research}")
+    assert rows(page.text) == 4 and page.has("4 calls")
+    assert option(research, "research", selected=True) in page.text
+    assert (
+        rows((await browser.get(f"/tool-calls?toolset_id={research}&server_id={second}")).text) == 1
+    )
+    page = await browser.get("/tool-calls?toolset_id=nope")
+    assert rows(page.text) == 0 and page.has("toolset_id: Input should be a valid UUID")
+
+    # One call's page names its toolset, linked to the toolset's calls; a direct call has none.
+    through = await db.fetchval("SELECT id FROM tool_calls WHERE toolset_id = $1", uuid.UUID(ops))
+    details = await browser.get(f"/tool-calls/{through}")
+    assert f'<a href="/tool-calls?toolset_id={ops}">' in details.text
+    assert details.has(f"ops {HOSTILE}") and HOSTILE not in details.text
+    direct = await db.fetchval("SELECT id FROM tool_calls WHERE toolset_id IS NULL")
+    assert (await browser.get(f"/tool-calls/{direct}")).has("<dt>Toolset</dt><dd>\u2013</dd>")
+
+    # A deleted toolset's calls keep its id: listed, found and filtered by it still.
+    await db.execute("DELETE FROM toolsets WHERE id = $1", uuid.UUID(ops))
+    page = await browser.get("/tool-calls")
+    assert page.text.count("via unknown toolset (deleted)") == 2
+    page = await browser.get(f"/tool-calls?toolset_id={ops}")
+    assert rows(page.text) == 2
+    assert option(ops, "unknown toolset (deleted)", selected=True) in page.text
+    assert (await browser.get(f"/tool-calls/{through}")).has("unknown toolset (deleted)")

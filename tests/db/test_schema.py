@@ -1,12 +1,22 @@
-"""schema.sql applied idempotently with its version recorded, and its invalidation triggers."""
+"""schema.sql applied idempotently with its version recorded, the oldest PostgreSQL it runs on,
+and its invalidation triggers."""
 
 from __future__ import annotations
 
 import asyncio
 
 import asyncpg
+import pytest
+from asyncpg import ServerVersion
 
-from gateway.db.schema import apply_schema, current_version, migrations
+from gateway.db.schema import (
+    OLDEST_POSTGRES,
+    UnsupportedPostgres,
+    apply_schema,
+    check_postgres,
+    current_version,
+    migrations,
+)
 
 
 def latest_version() -> int:
@@ -43,6 +53,18 @@ async def test_apply_schema_is_idempotent_safe_to_run_concurrently_and_records_t
     finally:
         for c in conns:
             await c.close()
+
+
+async def test_postgres_older_than_15_is_refused_in_words(db: asyncpg.Connection) -> None:
+    """The rollups' keys need UNIQUE NULLS NOT DISTINCT (PostgreSQL 15): an older server gets a
+    sentence instead of a syntax error in the middle of a migration."""
+    assert OLDEST_POSTGRES == 15
+    with pytest.raises(
+        UnsupportedPostgres, match=r"needs PostgreSQL 15 or later.*is PostgreSQL 14\.12"
+    ):
+        check_postgres(ServerVersion(14, 12, 0, "final", 0))
+    check_postgres(ServerVersion(15, 0, 0, "final", 0))
+    check_postgres(db.get_server_version())  # the one the tests run on
 
 
 async def test_migration_files_are_numbered_in_order() -> None:

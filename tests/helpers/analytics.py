@@ -43,13 +43,22 @@ def random_calls(
 
 
 async def check_against_raw(
-    api: Api, auth: Credential, calls: list[dict[str, Any]], days: int, server_id: str | None
+    api: Api,
+    auth: Credential,
+    calls: list[dict[str, Any]],
+    days: int,
+    server_id: str | None,
+    toolset_id: str | None = None,
 ) -> None:
-    """Every endpoint's answer equals the figures of `calls` (those of the window)."""
+    """Every endpoint's answer equals the figures of `calls` (those of the window, and of the
+    server and the toolset when given)."""
     params: dict[str, Any] = {"days": days}
     if server_id is not None:
         params["server_id"] = server_id
         calls = [c for c in calls if c["server_id"] == server_id]
+    if toolset_id is not None:
+        params["toolset_id"] = toolset_id
+        calls = [c for c in calls if c.get("toolset_id") == toolset_id]
     before = floor_hour(datetime.now(UTC))
     volume = await analytics(api, auth, "volume", **params)
     after = floor_hour(datetime.now(UTC))
@@ -138,7 +147,7 @@ async def analytics(api: Api, auth: Credential, endpoint: str, **params: Any) ->
 
 
 ROLLUP_TABLES = {
-    "tool_call_hourly": "workspace_id, server_id, tool_name, hour",
-    "tool_call_caller_hourly": "workspace_id, caller_agent, server_id, tool_name, hour",
+    "tool_call_hourly": "workspace_id, server_id, tool_name, hour, toolset_id",
+    "tool_call_caller_hourly": "workspace_id, caller_agent, server_id, tool_name, hour, toolset_id",
     "latency_hourly": "scope, hour",
 }

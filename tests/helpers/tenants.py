@@ -4,11 +4,13 @@ snapshot of the database to show that a stranger changed nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import asyncpg
 
 from tests.helpers.alerting import add_rule, add_server, evaluate, ingest
 from tests.helpers.api import Account, Api
+from tests.helpers.toolset_calls import write_calls
 
 Ids = dict[str, str]
 
@@ -39,6 +41,12 @@ async def arrange_victim(api: Api) -> Victim:
         expect=201,
     )
     await ingest(api, owner, server_id, [{"tool_name": "victim-tool"}])
+    toolset_id = toolset.body["id"]
+    through = {"server_id": server_id, "tool_name": "victim-tool", "status": "success"}
+    now = datetime.now(UTC).isoformat()
+    await write_calls(
+        api, owner.workspace_id, [{**through, "created_at": now, "toolset_id": toolset_id}]
+    )
     await evaluate(api)
     events = await api.get("/alerts/events", auth=owner, expect=200)
     calls = await api.get("/tool-calls", auth=owner, expect=200)
@@ -48,7 +56,7 @@ async def arrange_victim(api: Api) -> Victim:
         "invite_id": invite["id"],
         "key_id": key.body["id"],
         "server_id": server_id,
-        "toolset_id": toolset.body["id"],
+        "toolset_id": toolset_id,
         "rule_id": rule["id"],
         "event_id": events.body["items"][0]["id"],
         "call_id": calls.body["items"][0]["id"],

@@ -38,6 +38,7 @@ async def test_the_sdk_client_lists_and_calls_through_a_toolset_of_three_servers
     assert [str(row["server_id"]) for row in rows] == toolset.servers
     assert {row["tool_name"] for row in rows} == {"add"}
     assert {row["status"] for row in rows} == {"success"}
+    assert {str(row["toolset_id"]) for row in rows} == {toolset.toolset_id}
 
 
 async def test_a_forged_session_id_is_404(

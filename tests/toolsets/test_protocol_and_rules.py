@@ -157,6 +157,7 @@ async def test_key_scopes_and_disabled_tools_apply_to_a_toolset_s_tools(
         (second, "add", "error"),
     ]
     assert rows[1]["error_message"] == "refused: this API key may not use this server"
+    assert {str(r["toolset_id"]) for r in rows} == {toolset.toolset_id}
 
 
 async def test_over_a_rate_limit_is_429_with_retry_after(
