@@ -47,7 +47,10 @@ async def govern(
     started: float,
 ) -> Filtering | None:
     """Raises the refusal of a request the rules refuse (after logging its calls); else what
-    to filter in its reply, if anything."""
+    to filter in its reply, if anything. Requests about a task (tasks/get...) call no tool:
+    only the key's permission and servers apply to them, and a refusal logs no row for them."""
+    if calls and any(call.about is not None for call in calls):
+        calls = [call for call in calls if call.about is None]
     try:
         decisions.check_server(key, upstream.id)
         if calls:
