@@ -12,6 +12,8 @@ one row of pending_tasks per task, never in one process's memory.
   (one INSERT, awaited). The call has no row yet; the room reserved for it in the call log
   goes back. Stored nowhere (the database is down, the workspace follows MAX_FOLLOWED tasks
   already, a task id that cannot be a key), the call is logged at once, an error saying so.
+  Stored, the task is the call's whatever happens to the handle's delivery: a caller that
+  hangs up just then polls nothing, and the call is logged when the task expires.
 - A reply about a task that ends it, once passed on: the task is taken out (one DELETE) and
   the call logged, as the reply says (success, the tool's `isError` text, the JSON-RPC error
   of a failed task, a cancellation). The DELETE decides between racing replies: one row.
