@@ -198,14 +198,21 @@ async def run_retention(pool: asyncpg.Pool, settings: Settings, call_log: CallLo
     """Every EVERY_SECONDS, starting at once (a gateway that was down catches up first)."""
     while True:
         done = await run_once(pool, settings, call_log=call_log)
-        if done.dropped or done.rollup_rows or done.alert_events or done.health_checks:
+        if (
+            done.dropped
+            or done.rollup_rows
+            or done.alert_events
+            or done.health_checks
+            or done.expired_tasks
+        ):
             log.info(
                 "retention: dropped tool call days %s, %d rollup rows, %d alert events, "
-                "%d health checks",
+                "%d health checks; logged %d calls whose tasks expired unseen",
                 ", ".join(done.dropped) or "(none)",
                 done.rollup_rows,
                 done.alert_events,
                 done.health_checks,
+                done.expired_tasks,
             )
         await asyncio.sleep(EVERY_SECONDS)
 
