@@ -17,7 +17,8 @@ notifications and apply retention, in the same event loop.
 The packages (each opens with its job):
 
     proxy/       THE HOT PATH: handler, headers, admission, requests, replies, outcome, CORS,
-                 and governing (the proxy's side of policy: refusals, cut tool lists)
+                 governing (the proxy's side of policy: refusals, cut tool lists), and tasks
+                 (calls that became tasks, logged when a reply in any process ends them)
     toolsets/    one MCP endpoint over several servers: the endpoint, the names it exposes
                  (names), sessions sealed inside their ids (sessions), toolsets and their
                  name index cached in-process (registry)
@@ -60,7 +61,8 @@ Words:
 - A *refusal* is a request the rules stop before it is forwarded; its calls are logged with
   an error message starting "refused:".
 - *Health* is an upstream's (probes, /health); *readiness* is this process's (/readyz).
-- A *tool call* is a row of the call log; a `tools/call` is the MCP request it records.
+- A *tool call* is a row of the call log; a `tools/call` is the MCP request it records, once
+  it ended: an interim answer (`input_required`, a task handle) is no row of its own.
 - A *workspace* is a tenant: every row belongs to one, and every bound is counted per one.
 - *Metrics* are this process's Prometheus counters (ops/metrics, served by api/metrics);
   an alert rule's *metric* is what db/alert_metrics computes from the call log. Likewise a

@@ -49,6 +49,7 @@ from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
 from gateway.policy.budgets import BUDGETS, budgets_for
 from gateway.proxy import handler as proxy
+from gateway.proxy.tasks import task_follower_context
 from gateway.security.secretbox import SECRET_BOX, SecretBox
 from gateway.security.untrusted_schemas import SCHEMA_CHECKER, SchemaChecker
 from gateway.toolsets import endpoint as toolset_endpoint
@@ -227,6 +228,7 @@ def create_app(settings: Settings) -> web.Application:
             _database,
             _budgets,
             _call_log,
+            task_follower_context,
             snapshots.metrics_context,
             _http_client,
             _shared_cache,

@@ -218,6 +218,22 @@ def sdk_stateless() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def sdk_interactive() -> Iterator[str]:
+    """The SDK server in its default mode, with a tool that elicits and one that becomes a
+    task (the tasks extension): SSE replies to handshake-era clients, and to 2026-07-28 ones
+    when a tool sends a notification first."""
+    with sdk_server(interactive=True) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def sdk_interactive_json() -> Iterator[str]:
+    """The same tools on a stateless SDK server answering with plain JSON."""
+    with sdk_server(stateless=True, json_response=True, interactive=True) as url:
+        yield url
+
+
 @pytest.fixture(
     params=[(u, m) for u in ("sdk_stateful", "sdk_stateless") for m in ("legacy", "auto")],
     ids=lambda param: "-".join(param),

@@ -1,7 +1,8 @@
 """Retention: what is older than its configured period is removed, hourly, without holding
 anything up. Raw tool calls go a UTC day at a time (their partitions, detached CONCURRENTLY and
 dropped), after the coming days' partitions are made; their hourly rollups, alert events and
-health checks go in small batches."""
+health checks go in small batches. Tasks the proxy followed that expired with no end seen
+become their calls' rows (gateway/proxy/tasks)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 from aiohttp import web
 
+from gateway.calllog.writer import CALL_LOG, CallLog
 from gateway.config import Settings
 from gateway.db import alerts as alerts_db
 from gateway.db import health_checks as health_checks_db
@@ -24,6 +26,7 @@ from gateway.db import rollups as rollups_db
 from gateway.db.rollups import floor_hour
 from gateway.db.unavailable import DATABASE_ERRORS
 from gateway.keys import POOL, SETTINGS
+from gateway.proxy import tasks as proxy_tasks
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,7 @@ class Round:
     alert_events: int = 0
     health_checks: int = 0
     rate_limit_hits: int = 0
+    expired_tasks: int = 0
     # The steps that failed (each is logged); the others ran all the same.
     failed: list[str] = field(default_factory=list)
 
@@ -135,8 +139,10 @@ async def run_once(
     now: datetime | None = None,
     batch_size: int = BATCH_SIZE,
     pause: float = PAUSE_SECONDS,
+    call_log: CallLog | None = None,
 ) -> Round:
-    """One round of every kind of retention; a step that fails does not stop the others."""
+    """One round of every kind of retention; a step that fails does not stop the others.
+    Expired tasks are swept only with the `call_log` their calls' rows go to."""
     now = datetime.now(UTC) if now is None else now
     done = Round()
 
@@ -179,25 +185,38 @@ async def run_once(
 
     await step("health checks", health_checks())
     await step("rate limit attempts", rate_limits())
+    if call_log is not None:
+
+        async def expired_tasks() -> None:
+            done.expired_tasks = await proxy_tasks.expire(pool, call_log, now, batch_size, pause)
+
+        await step("expired tasks", expired_tasks())
     return done
 
 
-async def run_retention(pool: asyncpg.Pool, settings: Settings) -> None:
+async def run_retention(pool: asyncpg.Pool, settings: Settings, call_log: CallLog) -> None:
     """Every EVERY_SECONDS, starting at once (a gateway that was down catches up first)."""
     while True:
-        done = await run_once(pool, settings)
-        if done.dropped or done.rollup_rows or done.alert_events or done.health_checks:
+        done = await run_once(pool, settings, call_log=call_log)
+        if (
+            done.dropped
+            or done.rollup_rows
+            or done.alert_events
+            or done.health_checks
+            or done.expired_tasks
+        ):
             log.info(
                 "retention: dropped tool call days %s, %d rollup rows, %d alert events, "
-                "%d health checks",
+                "%d health checks; logged %d calls whose tasks expired unseen",
                 ", ".join(done.dropped) or "(none)",
                 done.rollup_rows,
                 done.alert_events,
                 done.health_checks,
+                done.expired_tasks,
             )
         await asyncio.sleep(EVERY_SECONDS)
 
 
 async def run(app: web.Application) -> None:
     """The loop as the app starts it."""
-    await run_retention(app[POOL], app[SETTINGS])
+    await run_retention(app[POOL], app[SETTINGS], app[CALL_LOG])

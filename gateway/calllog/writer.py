@@ -14,8 +14,9 @@ bound, add() drops the new record and counts it (stats.dropped, and a warning at
 with 503, so nothing acknowledged is dropped. One workspace may hold at most a share of the
 bound (workspace_rows), its rows not stored and the rows it reserved together: the proxy
 reserves room for a request's calls before it forwards them (and refuses them without room),
-add() never drops a reserved row, and write() refuses with 503, so one tenant's flood never
-fills the log the others need. On shutdown the queue drains before the pool closes.
+add() never drops a reserved row, room for a row that will not come is given back
+(release()), and write() refuses with 503, so one tenant's flood never fills the log the
+others need. On shutdown the queue drains before the pool closes.
 """
 
 from __future__ import annotations
@@ -235,10 +236,15 @@ class CallLog:
         self._reserved += count
         return reservation
 
+    def release(self, reservation: Reservation, count: int = 1) -> None:
+        """Give back room reserved for `count` calls that will not be added (a reply that was
+        no call's end, such as an interim answer), so the bound counts only rows to come."""
+        reservation[0] -= count
+        self._reserved -= count
+
     def _give_back(self, taken: list[tuple[Reservation, int]]) -> None:
         for reservation, count in taken:
-            reservation[0] -= count
-            self._reserved -= count
+            self.release(reservation, count)
 
     def _new_reservation(self, workspace_id: uuid.UUID) -> Reservation:
         if len(self._reservations) >= _RESERVATIONS_KEPT:  # drop the idle ones

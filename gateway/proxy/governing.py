@@ -51,7 +51,11 @@ async def govern(
 ) -> Filtering | None:
     """Raises the refusal of a request the rules refuse (after logging its calls); else what
     to filter in its reply, if anything. A toolset's call (`toolset_id`) has had its Mcp-Name
-    checked against the name the client used, which is not the server's."""
+    checked against the name the client used, which is not the server's. Requests about a task
+    (tasks/get...) call no tool: only the key's permission and servers apply to them, and a
+    refusal logs no row for them."""
+    if calls and any(call.about is not None for call in calls):
+        calls = [call for call in calls if call.about is None]
     try:
         decisions.check_server(key, upstream.id)
         if calls:
@@ -103,7 +107,7 @@ def _log_refusal(
     outcome = Outcome(calls)
     outcome.status = refused.status
     outcome.error = f"refused: {refused.reason}"
-    record_calls(request, call_log, reservation, upstream, outcome, started, toolset_id)
+    record_calls(request, call_log, reservation, upstream, outcome, started, toolset_id=toolset_id)
 
 
 def refusal(

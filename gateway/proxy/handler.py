@@ -16,6 +16,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -54,9 +55,10 @@ from gateway.proxy.headers import (
     sends_auto_headers,
     upstream_headers,
 )
-from gateway.proxy.outcome import Outcome, count_exchange, record_calls
+from gateway.proxy.outcome import Outcome, caller_agent, count_exchange, record_calls
 from gateway.proxy.replies import ReplyReader, read_reply
 from gateway.proxy.requests import ToolCallSeen, UnreadableRequest, tool_calls_in
+from gateway.proxy.tasks import TASK_FOLLOWER, TaskFollower
 from gateway.security.outbound import RefusedAddress
 from gateway.upstreams.servers import UPSTREAMS, Upstream, Upstreams
 
@@ -132,6 +134,8 @@ class Proxying:
     large_bodies: LargeBodies
     # Rate limits' budgets (governed access).
     budgets: Budgets
+    # Calls that became tasks, followed until a reply ends them (in any process).
+    tasks: TaskFollower
 
     @classmethod
     async def setup(cls, app: web.Application) -> None:
@@ -147,6 +151,7 @@ class Proxying:
             InFlight(settings.max_streams_per_workspace, process_stream_bound()),
             LargeBodies(),
             app[BUDGETS],
+            app[TASK_FOLLOWER],
         )
 
 
@@ -188,6 +193,14 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     caller. An unreachable server is 502, one that does not answer within
     GATEWAY_PROXY_TIMEOUT_SECONDS 504 (a stream that keeps sending is never cut; one silent for
     that long is), and one that answers a status outside 200..599 (a 101 included) 502.
+
+    A call is logged once, when it ends (2026-07-28). A result with `resultType:
+    "input_required"` is no row: the client retries the call with `inputResponses`, and the
+    retry is logged when it ends (its duration is that last exchange's). A task handle
+    (`resultType: "task"`, or 2025-11-25's `{"task": ...}`) is stored in the database before it
+    is passed on, and the call logged when the reply to a `tasks/get` (or `tasks/result`,
+    `tasks/cancel`) that ends the task passes through any gateway process (its duration runs
+    from the `tools/call` to that reply), or as an error once the task expired unseen.
 
     Refused before anything is forwarded: a body that is not valid UTF-8, nests deeper than 64
     levels, names a deciding key (`method`, `params`, `name`) twice in one object, or may hold a
@@ -281,7 +294,7 @@ async def forward(
         reservation = proxying.call_log.reserve(upstream.workspace_id, len(calls))
         if reservation is None:
             raise no_room()
-    outcome = Outcome(calls)
+    outcome = Outcome(calls, started, reservation)
     try:
         return await _exchange(
             request, proxying, upstream, headers, body, outcome, filtering, pass_back
@@ -298,7 +311,14 @@ async def forward(
     finally:
         if reservation is not None:
             record_calls(
-                request, proxying.call_log, reservation, upstream, outcome, started, toolset_id
+                request,
+                proxying.call_log,
+                reservation,
+                upstream,
+                outcome,
+                started,
+                proxying.tasks,
+                toolset_id,
             )
         count_exchange(proxying.metrics, request.method, upstream.id, outcome, started)
 
@@ -366,12 +386,12 @@ async def _exchange(
         length = reply.content_length
         if filtering is not None and 200 <= reply.status < 300:
             filtered = await _filtered(
-                request, reply, headers, outcome, timeout_seconds, filtering, is_stream
+                request, proxying, upstream, reply, headers, outcome, filtering, is_stream
             )
             filtered.bare = content_type is None
             return filtered
         if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
-            buffered = await _buffered(request, reply, headers, outcome, timeout_seconds)
+            buffered = await _buffered(request, proxying, upstream, reply, headers, outcome)
             buffered.bare = content_type is None
             return buffered
         outcome.answered_at = time.perf_counter()  # (a buffered reply: read_at)
@@ -386,7 +406,7 @@ async def _exchange(
             response.content_length = length
         try:
             await response.prepare(request)
-            await _pump(request, reply, response, outcome, timeout_seconds, is_get)
+            await _pump(request, proxying, upstream, reply, response, outcome, is_get)
         except _CallerLeft:
             outcome.cancelled = True
             log.debug("proxy to %s: the caller went away", reply.url)
@@ -395,21 +415,24 @@ async def _exchange(
 
 async def _buffered(
     request: web.Request,
+    proxying: Proxying,
+    upstream: Upstream,
     reply: aiohttp.ClientResponse,
     headers: CIMultiDict[str],
     outcome: Outcome,
-    timeout_seconds: float,
 ) -> UpstreamResponse:
     """A small JSON reply of known length is read whole and sent in one write: most tools/call
     answers. Nothing has been sent yet when the upstream fails here, so the caller gets a 502."""
     try:
         body = await reply.read()
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise _failed_read(outcome, exc, timeout_seconds) from None
+        raise _failed_read(outcome, exc, proxying.timeout_seconds) from None
     outcome.read_at = time.perf_counter()
     outcome.size = len(body)
     if outcome.calls:
-        read_reply(outcome.calls, body)
+        handles = read_reply(outcome.calls, body)
+        if handles:
+            await _follow(request, proxying, upstream, outcome, handles)
         if _caller_gone(request):
             outcome.cancelled = True  # it waited for the upstream, then hung up
         else:
@@ -420,10 +443,11 @@ async def _buffered(
 
 async def _filtered(
     request: web.Request,
+    proxying: Proxying,
+    upstream: Upstream,
     reply: aiohttp.ClientResponse,
     headers: CIMultiDict[str],
     outcome: Outcome,
-    timeout_seconds: float,
     filtering: Filtering,
     is_stream: bool,
 ) -> UpstreamResponse:
@@ -438,14 +462,15 @@ async def _filtered(
                 outcome.kind = "broke_off"
                 raise BadGateway(f"{outcome.error} (over {MAX_TOOL_LIST_BYTES // MiB} MiB)")
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise _failed_read(outcome, exc, timeout_seconds) from None
+        raise _failed_read(outcome, exc, proxying.timeout_seconds) from None
     outcome.read_at = time.perf_counter()
     body = bytes(received)
     outcome.size = len(body)
     if outcome.calls:  # a batch may hold calls beside the list
         reader = outcome.reader = ReplyReader(outcome.calls, event_stream=is_stream)
         reader.feed(body)
-        reader.finish()
+        if reader.finish():
+            await _follow(request, proxying, upstream, outcome, reader.take_handles())
         reader.delivered()
     body = filter_reply(body, is_stream, filtering.ids, filtering.visible)
     return UpstreamResponse(body=body, status=reply.status, headers=headers)
@@ -453,10 +478,11 @@ async def _filtered(
 
 async def _pump(
     request: web.Request,
+    proxying: Proxying,
+    upstream: Upstream,
     reply: aiohttp.ClientResponse,
     response: web.StreamResponse,
     outcome: Outcome,
-    timeout_seconds: float,
     is_get: bool,
 ) -> None:
     """Copy the body chunk by chunk as it arrives, read by the outcome's reader on the way.
@@ -469,8 +495,8 @@ async def _pump(
         if not is_get:
             async for chunk in content.iter_any():
                 outcome.size += len(chunk)
-                if reader is not None:
-                    reader.feed(chunk)
+                if reader is not None and reader.feed(chunk):
+                    await _follow(request, proxying, upstream, outcome, reader.take_handles())
                 try:
                     await response.write(chunk)
                 except ConnectionError:
@@ -494,10 +520,13 @@ async def _pump(
                 except ConnectionError:
                     raise _CallerLeft from None
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        _stopped_mid_response(outcome, exc, timeout_seconds)
+        _stopped_mid_response(outcome, exc, proxying.timeout_seconds)
     else:
         if reader is not None:
-            reader.finish()
+            if reader.finish():
+                # A streamed JSON reply is read once it has passed: a poll may have overtaken
+                # this handle (then the task's end is logged when it expires).
+                await _follow(request, proxying, upstream, outcome, reader.take_handles())
             reader.delivered()
         try:
             await response.write_eof()
@@ -507,6 +536,26 @@ async def _pump(
     log.warning("proxy to %s: %s", reply.url, outcome.error)
     if request.transport is not None:
         request.transport.close()
+
+
+async def _follow(
+    request: web.Request,
+    proxying: Proxying,
+    upstream: Upstream,
+    outcome: Outcome,
+    handles: Sequence[ToolCallSeen],
+) -> None:
+    """Calls the reply turned into tasks: stored before the handles are passed on, so that
+    the reply ending a task, in any process, finds its call (gateway/proxy/tasks). A handle in
+    a reply that is not 2xx is judged by the status, as the rest of that reply."""
+    if not 200 <= outcome.status < 300 or outcome.reservation is None:
+        return
+    job = proxying.tasks.follow(
+        upstream, handles, outcome.reservation, caller_agent(request), outcome.started
+    )
+    # Shielded: a caller hanging up meanwhile cancels only the wait, and the job still
+    # accounts for each call (followed, or logged at once).
+    await asyncio.shield(job)
 
 
 def _stopped_mid_response(outcome: Outcome, exc: BaseException, timeout_seconds: float) -> None:

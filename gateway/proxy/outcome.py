@@ -1,5 +1,6 @@
 """How each proxied exchange went: the outcome of every `tools/call` in it, judged once its
-reply has passed (the call log's rows), and the exchange in the metrics."""
+reply has passed (the call log's rows: none for a reply that is not the call's end, see
+gateway/proxy/tasks.py), and the exchange in the metrics."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gateway.calllog.writer import CallLog, Reservation
 from gateway.ops.metrics import Metrics, observe
 from gateway.proxy.replies import CALLER_CANCELLED, ReplyReader
 from gateway.proxy.requests import ToolCallSeen
+from gateway.proxy.tasks import TaskFollower
 from gateway.upstreams.servers import Upstream
 
 # X-Caller-Agent is free text from a header; stored as the tool name is (and indexed: PostgreSQL
@@ -36,12 +38,23 @@ class Outcome:
         "kind",
         "read_at",
         "reader",
+        "reservation",
         "size",
+        "started",
         "status",
     )
 
-    def __init__(self, calls: list[ToolCallSeen]) -> None:
+    def __init__(
+        self,
+        calls: list[ToolCallSeen],
+        started: float = 0.0,
+        reservation: Reservation | None = None,
+    ) -> None:
         self.calls = calls
+        # perf_counter() when the request arrived, and the calls' room in the call log (for
+        # the calls that turn into tasks while the reply is read: gateway/proxy/tasks).
+        self.started = started
+        self.reservation = reservation
         self.status = 0
         self.size = 0
         # The exchange failed on the upstream's side (unreachable, timed out, broke off), and
@@ -70,7 +83,11 @@ def count_exchange(
     forwarded = outcome.forwarded_at
     if not forwarded:
         return  # refused before it went upstream (a body too large, say)
-    method_class = _METHOD_CLASSES.get(method) or ("tools_call" if outcome.calls else "request")
+    calls = outcome.calls
+    # A request about a task (tasks/get...) may carry a call's end, but is a request of its own.
+    method_class = _METHOD_CLASSES.get(method) or (
+        "tools_call" if calls and calls[0].about is None else "request"
+    )
     if outcome.cancelled:
         result = "caller_left"
     elif outcome.kind:
@@ -122,6 +139,12 @@ def _verdict(call: ToolCallSeen, outcome: Outcome) -> str | None:
     return _NO_RESPONSE
 
 
+def caller_agent(request: web.Request) -> str | None:
+    """X-Caller-Agent, as the call log stores it."""
+    caller = request.headers.get("X-Caller-Agent")
+    return None if caller is None else clean_text(caller)[:_MAX_CALLER_AGENT]
+
+
 def record_calls(
     request: web.Request,
     call_log: CallLog,
@@ -129,17 +152,37 @@ def record_calls(
     upstream: Upstream,
     outcome: Outcome,
     started: float,
+    tasks: TaskFollower | None = None,
     toolset_id: uuid.UUID | None = None,
 ) -> None:
+    """A row for each call of the exchange that ended with it, and the room reserved for
+    the others given back (or handed to `tasks`: the ends of calls that became tasks).
+    duration_ms runs from the request's arrival until the call's response was passed on:
+    for a call answered `input_required` first, that is its last exchange, the retry."""
     reader = outcome.reader
     answered_at = None if reader is None else reader.answered_at
     duration_ms = round(((answered_at or time.perf_counter()) - started) * 1000)
-    caller = request.headers.get("X-Caller-Agent")
-    if caller is not None:
-        caller = clean_text(caller)[:_MAX_CALLER_AGENT]
+    caller = caller_agent(request)
     created_at = datetime.now(UTC)
     relayed_ok = 200 <= outcome.status < 300
+    ended: list[ToolCallSeen] = []
     for call in outcome.calls:
+        if call.interim or call.about is not None or call.handed:  # (rare: one test if not)
+            if call.handed:
+                continue  # a call that became a task: `tasks` accounts for its room
+            if call.about is not None:
+                # A request about a task: no row of its own; a reply that ended the task and
+                # reached the caller is the end of the call the task stands for.
+                if not call.interim and call.relayed and relayed_ok:
+                    ended.append(call)
+                else:
+                    call_log.release(reservation)
+                continue
+            if call.relayed and relayed_ok and call.task_id is None:
+                # Answered `input_required`: the client retries the same call, which is
+                # logged when that retry ends. (Not passed on, it is judged like any reply.)
+                call_log.release(reservation)
+                continue
         # The usual case first, without _verdict's call: its response reached the caller.
         error = call.error if call.relayed and relayed_ok else _verdict(call, outcome)
         call_log.add(
@@ -160,3 +203,8 @@ def record_calls(
             ),
             reservation,
         )
+    if ended:
+        if tasks is None:
+            call_log.release(reservation, len(ended))
+        else:
+            tasks.settle(upstream, ended, reservation, outcome.size)

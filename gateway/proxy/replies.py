@@ -2,14 +2,20 @@
 
 Real MCP servers report failures inside HTTP 200: a JSON-RPC `error` for a bad request, a
 result with `isError: true` for a tool that failed. The proxy forwards every byte unchanged and
-reads alongside, only for requests that carry a `tools/call`: the reply as it is relayed (one
-JSON body, or the SSE events until the awaited responses have passed).
+reads alongside, only for requests that carry a `tools/call` (or ask about a task): the reply
+as it is relayed (one JSON body, or the SSE events until the awaited responses have passed).
+
+Since 2026-07-28 a result may be no call's end (`resultType`): `input_required` asks the
+client something first, and it retries the call; `task` (the tasks extension) is a handle the
+client polls with `tasks/get`, whose reply carries the end. Such replies are marked `interim`
+(and a handle's task id kept), and a reply about a task that ends it says how the call went.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
@@ -68,20 +74,27 @@ def failed_result_text(result: dict[str, Any]) -> str:
     return shorten("\n".join(texts) or "the tool reported an error without a text")
 
 
-def _response(message: Any) -> tuple[Any, str | None] | None:
-    """(id, why the call failed or None) of a JSON-RPC response; None for any other message
-    (a notification, a request from the server, something else)."""
+# A response: (its id, why the call failed or None, its result object or None).
+_Response = tuple[Any, str | None, dict[str, Any] | None]
+
+
+def _response(message: Any) -> _Response | None:
+    """A JSON-RPC response as (id, why the call failed or None, the result object, None for
+    an error); None for any other message (a notification, a request from the server,
+    something else)."""
     if type(message) is not dict:
         return None
     error = message.get("error")
     if type(error) is dict:
-        return message.get("id"), rpc_error_text(error)
+        return message.get("id"), rpc_error_text(error), None
     if "result" not in message:
         return None
     result = message["result"]
-    if type(result) is dict and result.get("isError") is True:
-        return message.get("id"), failed_result_text(result)
-    return message.get("id"), None
+    if type(result) is not dict:
+        return message.get("id"), None, None
+    if result.get("isError") is True:
+        return message.get("id"), failed_result_text(result), result
+    return message.get("id"), None, result
 
 
 def _answers(response_id: Any, reason: str | None, rid: Any) -> bool:
@@ -92,39 +105,144 @@ def _answers(response_id: Any, reason: str | None, rid: Any) -> bool:
     )
 
 
-def read_reply(calls: list[ToolCallSeen], body: bytes) -> None:
-    """A whole JSON reply (one response, or a batch of them): marks the calls it answers."""
+def read_reply(calls: list[ToolCallSeen], body: bytes) -> Sequence[ToolCallSeen]:
+    """A whole JSON reply (one response, or a batch of them): marks the calls it answers.
+    Returns the calls it turned into tasks (to follow before the reply is passed on)."""
     if len(calls) == 1:  # the usual case, without the bookkeeping
         call = calls[0]
-        if _plain_result(body):
+        if not call.tasked and _plain_result(body):
             call.answered = True
-            return
+            return ()
         message = _loads(body) if body else None
         response = _response(message)
-        if response is not None and _answers(*response, call.rid):
-            call.answered, call.error = True, response[1]
-        return
+        if response is not None and _answers(response[0], response[1], call.rid):
+            return (call,) if _judged(call, response[1], response[2]) else ()
+        return ()
     message = _loads(body) if body else None
     waiting = _Waiting(calls)
     waiting.read(message)
+    return waiting.handles
 
 
 def _plain_result(body: bytes) -> bool:
-    """Whether a reply to one call is a result that cannot be a failure, seen without parsing
-    it (most replies): a JSON-RPC error needs an `"error"` key and a failed result `true`, a
-    literal no escape can spell; a backslash might hide the key, so such bodies are parsed.
-    (A result for another id would pass for ours: only a broken server sends one.)
+    """Whether a reply to one call is a result that ends it and cannot be a failure, seen
+    without parsing it (most replies): a JSON-RPC error needs an `"error"` key and a failed
+    result `true`, a literal no escape can spell; a backslash might hide the key, so such
+    bodies are parsed. A `resultType` (2026-07-28) other than `"complete"`, or spelled
+    otherwise, or twice, is parsed too: an interim answer or a task handle is no call's end.
+    That costs one more scan of the body, the last occurrence found from its end, where
+    servers write it (after the content). (A result for another id would pass for ours: only
+    a broken server sends one.)
 
     find(), not `in`: bytes' `in` first tries its argument as an int, raising and clearing a
     TypeError each time, which costs twice the search (measured with callgrind)."""
     find = body.find
-    return (
+    if not (
         body[:1] == b"{"
         and find(b'"result"') >= 0
         and find(b'"error"') < 0
         and find(b"true") < 0
         and find(b"\\") < 0
+    ):
+        return False
+    at = body.rfind(b'"resultType"')
+    return at < 0 or (
+        body.startswith(b'"resultType":"complete"', at) and find(b'"resultType"', 0, at) < 0
     )
+
+
+# What a result's `resultType` says when the call is not over (2026-07-28).
+_INPUT_REQUIRED: Final = "input_required"
+_TASK: Final = "task"
+# Task statuses that end it (the tasks extension; 2025-11-25's tasks).
+_COMPLETED: Final = "completed"
+_FAILED: Final = "failed"
+_CANCELLED: Final = "cancelled"
+# Why a call whose task was cancelled with tasks/cancel is an error.
+TASK_CANCELLED: Final = f"{CALLER_CANCELLED}: it cancelled the task (tasks/cancel)"
+
+
+def _judged(call: ToolCallSeen, reason: str | None, result: dict[str, Any] | None) -> bool:
+    """Marks the call its response answers; True when that response turned it into a task.
+
+    The usual final result costs one dictionary lookup here (`resultType`): a result read
+    whole is at hand already."""
+    call.answered, call.error = True, reason
+    if call.about is not None:
+        _read_about_task(call, reason, result)
+        return False
+    if result is None:
+        return False
+    kind = result.get("resultType")
+    if kind is None or kind == "complete":
+        if not call.tasked:
+            return False
+        # 2025-11-25: a call that asked for a task gets `{"task": {...}}` (no content).
+        task = result.get("task")
+        if type(task) is not dict or "content" in result:
+            return False
+        return _handle(call, task.get("taskId"), task.get("ttl"))
+    if kind == _INPUT_REQUIRED:
+        # The server asks the client first; the client retries the same call, whose reply
+        # is logged then: this one is no row.
+        call.interim, call.error = True, None
+        return False
+    if kind == _TASK:
+        return _handle(call, result.get("taskId"), result.get("ttlMs"))
+    return False  # a kind of an extension the gateway does not know: taken as final
+
+
+def _handle(call: ToolCallSeen, task_id: Any, ttl_ms: Any) -> bool:
+    if type(task_id) is not str:
+        return False  # a handle without a task id cannot be followed: taken as final
+    call.interim, call.error = True, None
+    call.task_id = task_id
+    call.ttl_ms = ttl_ms if type(ttl_ms) is int else None
+    return True
+
+
+def _read_about_task(call: ToolCallSeen, reason: str | None, result: dict[str, Any] | None) -> None:
+    """Whether the reply to a request about a task ends the task (the call it stands for),
+    and how: `interim` stays set when it does not, `error` says why the call failed.
+
+    - `tasks/get`: a final status, with the tool's result inlined when completed (the tasks
+      extension; a 2025-11-25 server says `completed` without it, and the client then asks
+      `tasks/result`), the JSON-RPC error when failed;
+    - `tasks/result` (2025-11-25): its result or error is the call's own;
+    - `tasks/cancel`: acknowledged, the caller cancelled the call.
+    An error answering `tasks/get` or `tasks/cancel` (an unknown or expired task) ends
+    nothing."""
+    method = call.about
+    if method == "tasks/result":
+        call.interim = result is not None and result.get("resultType") == _INPUT_REQUIRED
+        return
+    if result is None:
+        call.error = None
+        return
+    if method == "tasks/cancel":
+        call.interim, call.error = False, TASK_CANCELLED
+        return
+    task_id = result.get("taskId")
+    if task_id is not None and task_id != call.task_id:
+        call.error = None  # about another task than asked: ends nothing of this one
+        return
+    status = result.get("status")
+    message = result.get("statusMessage")
+    said = f": {message}" if type(message) is str and message else ""
+    if status == _COMPLETED:
+        inlined = result.get("result")
+        if type(inlined) is not dict:
+            return  # 2025-11-25: the result comes with tasks/result
+        call.interim = False
+        call.error = failed_result_text(inlined) if inlined.get("isError") is True else None
+    elif status == _FAILED:
+        error = result.get("error")
+        call.interim = False
+        call.error = (
+            rpc_error_text(error) if type(error) is dict else shorten(f"the task failed{said}")
+        )
+    elif status == _CANCELLED:
+        call.interim, call.error = False, shorten(f"the task was cancelled{said}")
 
 
 def _key(rid: Any) -> tuple[type, Any] | None:
@@ -135,7 +253,7 @@ def _key(rid: Any) -> tuple[type, Any] | None:
 class _Waiting:
     """The calls of a request not answered yet, by id (a batch may hold thousands)."""
 
-    __slots__ = ("by_id", "read_now")
+    __slots__ = ("by_id", "handles", "read_now")
 
     def __init__(self, calls: list[ToolCallSeen]) -> None:
         self.by_id: dict[tuple[type, Any], list[ToolCallSeen]] = {}
@@ -145,6 +263,8 @@ class _Waiting:
                 self.by_id.setdefault(key, []).append(call)
         # Answered by what was read since the last look.
         self.read_now: list[ToolCallSeen] = []
+        # Turned into tasks by what was read, not followed yet.
+        self.handles: list[ToolCallSeen] = []
 
     def read(self, message: Any) -> None:
         if isinstance(message, list):  # a batch (only its top level: responses do not nest)
@@ -157,7 +277,7 @@ class _Waiting:
         response = _response(message)
         if response is None:
             return
-        response_id, reason = response
+        response_id, reason, result = response
         if response_id is None and reason is not None:
             calls = [call for waiting in self.by_id.values() for call in waiting]
             self.by_id.clear()
@@ -165,7 +285,8 @@ class _Waiting:
             key = _key(response_id)
             calls = [] if key is None else self.by_id.pop(key, [])
         for call in calls:
-            call.answered, call.error = True, reason
+            if _judged(call, reason, result):
+                self.handles.append(call)
         self.read_now += calls
 
 
@@ -197,22 +318,23 @@ class ReplyReader:
         """Nothing left to look for: the rest of the reply is relayed without being read."""
         return not self._waiting.by_id or self.blind
 
-    def feed(self, chunk: bytes) -> None:
-        """The next chunk of the reply, before it is written to the caller."""
+    def feed(self, chunk: bytes) -> bool:
+        """The next chunk of the reply, before it is written to the caller. True when it
+        turned calls into tasks: take_handles() says which, to follow before the write."""
         if self.done:
-            return
+            return False
         if self._sse is None:
             if self._body is None:
                 self._body = bytearray()
             self._body += chunk
             if len(self._body) > MAX_JUDGED_BYTES:
                 self._give_up()
-            return
+            return False
         try:
             events = self._sse.feed(chunk)
         except SseError:
             self._give_up()
-            return
+            return False
         if self._sse.last_event_id is not None:
             self.resumable = True
         for event in events:
@@ -221,12 +343,20 @@ class ReplyReader:
                 self._waiting.read(_loads(event.data))
                 if not self._waiting.by_id:
                     break
+        return bool(self._waiting.handles)
 
-    def finish(self) -> None:
-        """The reply ended (everything fed was written)."""
+    def finish(self) -> bool:
+        """The reply ended (everything fed was written). True when it turned calls into tasks
+        (a streamed JSON reply is read only now, after it was passed on)."""
         if self._body is not None and not self.done:
             body, self._body = bytes(self._body), None
             self._waiting.read(_loads(body))
+        return bool(self._waiting.handles)
+
+    def take_handles(self) -> list[ToolCallSeen]:
+        """The calls turned into tasks since the last look."""
+        handles, self._waiting.handles = self._waiting.handles, []
+        return handles
 
     def delivered(self) -> None:
         """Everything fed so far has been handed to the caller."""

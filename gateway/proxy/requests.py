@@ -1,6 +1,7 @@
-"""The calls in a proxied request body, as the call log sees them: each `tools/call`, and the
-refusal of a body the gateway cannot read as any server would (so that no call runs unlogged,
-or under another tool's name).
+"""The calls in a proxied request body, as the call log sees them: each `tools/call`, each
+request about a task a call became (whose reply may be that call's end), and the refusal of a
+body the gateway cannot read as any server would (so that no call runs unlogged, or under
+another tool's name).
 
 Real MCP servers are lenient in different ways: one decodes UTF-16, one matches keys
 case-insensitively, one takes the first of two keys of a name. A body whose calls any of them
@@ -19,6 +20,9 @@ import orjson
 from gateway.calllog.records import clean_text
 
 TOOLS_CALL: Final = "tools/call"
+# Requests about a task a `tools/call` became (the tasks extension, and 2025-11-25's tasks):
+# the reply to one of them may be that call's end (gateway/proxy/tasks).
+TASK_METHODS: Final = frozenset({"tasks/get", "tasks/result", "tasks/cancel"})
 UNNAMED_TOOL: Final = "(unnamed)"
 MAX_TOOL_NAME: Final = 255
 # The gateway's own refusals of a request body (JSON-RPC's codes), and the bounds behind them.
@@ -32,9 +36,22 @@ MAX_CONTAINERS: Final = 100_000
 
 
 class ToolCallSeen:
-    """One `tools/call` of a request, and what its reply said about it."""
+    """One `tools/call` of a request, or one request about the task a call became (`about`),
+    and what its reply said about it."""
 
-    __slots__ = ("answered", "error", "name", "relayed", "rid")
+    __slots__ = (
+        "about",
+        "answered",
+        "error",
+        "handed",
+        "interim",
+        "name",
+        "relayed",
+        "rid",
+        "task_id",
+        "tasked",
+        "ttl_ms",
+    )
 
     def __init__(self, name: str, rid: Any) -> None:
         self.name = name
@@ -45,6 +62,19 @@ class ToolCallSeen:
         self.error: str | None = None
         # Its response was read and handed to the caller.
         self.relayed = False
+        # Its response is not the call's end: an `input_required` answer (the client retries
+        # the call), a task handle, or a reply about a task that does not end it. No row.
+        self.interim = False
+        # None for a `tools/call`; else the request about a task (one of TASK_METHODS).
+        self.about: str | None = None
+        # The task the request is about, or the task the call's reply turned it into.
+        self.task_id: str | None = None
+        # Its reply is read whole whatever it looks like: it may concern a task.
+        self.tasked = False
+        # How long the server keeps the task (its handle's TTL), if it said.
+        self.ttl_ms: int | None = None
+        # Its row (or its room in the log) is in the hands of gateway.proxy.tasks.
+        self.handed = False
 
 
 class UnreadableRequest(Exception):
@@ -59,7 +89,8 @@ class UnreadableRequest(Exception):
 
 
 def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
-    """Each `tools/call` of a JSON-RPC message or batch, [] for anything else.
+    """Each `tools/call` of a JSON-RPC message or batch, and each request about a task
+    (TASK_METHODS) with its task id, [] for anything else.
 
     Raises UnreadableRequest for a body the gateway cannot be sure to read as any server
     would: not UTF-8 (UTF-16 and UTF-32 included: a lenient server decodes them, or invalid
@@ -69,8 +100,8 @@ def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
     `name`) named twice in one object or in another letter case (some servers match keys
     case-insensitively), or a body that may hold a call but is not JSON. Every proxied body
     comes this way, so the usual ones cost little: one without `tools/call` a few byte scans
-    (it is parsed only if it may be a batch, nest deeply or spell a call with escapes), a
-    compact one with it a parse and a serialisation.
+    (it is parsed only if it may be a batch, nest deeply, spell a call with escapes or name a
+    task method), a compact one with it a parse and a serialisation.
     """
     # How many arrays and objects the body may hold (brackets in strings count too): fewer
     # than MAX_DEPTH cannot nest deeper than it, nor can a body too short to.
@@ -87,7 +118,7 @@ def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
         escaped = b"\\" in body and (b"\\u" in body or b"\\/" in body)
         batch = body[0] != _OPEN_BRACE and body.lstrip()[:1] == b"["
         if not (escaped or batch or containers > MAX_DEPTH):
-            return []
+            return _task_request(body) if body.find(b"tasks/") >= 0 else []
     if containers > MAX_CONTAINERS:
         raise UnreadableRequest(PARSE_ERROR, _TOO_MANY_CONTAINERS)
     message = _parse(body)  # orjson checks the UTF-8
@@ -107,7 +138,10 @@ def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
             or (type(params) is dict and not params.keys() <= _PARAMS_KEYS)
         ):
             _refuse_unclear_keys(body, batch=False)
-        return [_seen(message)] if message.get("method") == TOOLS_CALL else []
+        method = message.get("method")
+        if method == TOOLS_CALL:
+            return [_seen(message)]
+        return _about_task(message) if type(method) is str and method in TASK_METHODS else []
     if type(message) is not list:
         return []
     if len(message) > MAX_BATCH:
@@ -116,7 +150,14 @@ def tool_calls_in(body: bytes) -> list[ToolCallSeen]:
             f"Invalid Request: a batch holds at most {MAX_BATCH} messages, this one {len(message)}",
         )
     _refuse_unclear_keys(body, batch=True)  # batches are rare: each is looked at key by key
-    return [_seen(m) for m in message if type(m) is dict and m.get("method") == TOOLS_CALL]
+    seen: list[ToolCallSeen] = []
+    for item in message:
+        method = item.get("method") if type(item) is dict else None
+        if method == TOOLS_CALL:
+            seen.append(_seen(item))
+        elif type(method) is str and method in TASK_METHODS:
+            seen += _about_task(item)
+    return seen
 
 
 _OPEN_BRACE = ord("{")
@@ -221,7 +262,43 @@ def _seen(message: dict[str, Any]) -> ToolCallSeen:
     params = message.get("params")
     name = params.get("name") if isinstance(params, dict) else None
     if not isinstance(name, str):
-        return ToolCallSeen(UNNAMED_TOOL, message.get("id"))
-    if not name.isascii() or "\x00" in name:  # cleaned first: that may lengthen it
-        name = clean_text(name) or UNNAMED_TOOL
-    return ToolCallSeen(name[:MAX_TOOL_NAME] if name else UNNAMED_TOOL, message.get("id"))
+        seen = ToolCallSeen(UNNAMED_TOOL, message.get("id"))
+    else:
+        if not name.isascii() or "\x00" in name:  # cleaned first: that may lengthen it
+            name = clean_text(name) or UNNAMED_TOOL
+        seen = ToolCallSeen(name[:MAX_TOOL_NAME] if name else UNNAMED_TOOL, message.get("id"))
+    if isinstance(params, dict) and "task" in params:
+        # 2025-11-25's tasks: a call asking for one may be answered `{"task": {...}}`, a
+        # result without `resultType` that only a parse tells from a final one.
+        seen.tasked = True
+    return seen
+
+
+def _task_request(body: bytes) -> list[ToolCallSeen]:
+    """A plain body that names a task method: what it asks about, if it is such a request.
+    Nothing here decides what runs, so nothing is refused: a body that does not parse is
+    only not followed."""
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return []
+    if type(message) is not dict:
+        return []
+    method = message.get("method")
+    return _about_task(message) if type(method) is str and method in TASK_METHODS else []
+
+
+def _about_task(message: dict[str, Any]) -> list[ToolCallSeen]:
+    """A request about a task (TASK_METHODS): one entry whose reply may end the call the task
+    stands for; none for a notification or a request without a task id."""
+    params = message.get("params")
+    task_id = params.get("taskId") if type(params) is dict else None
+    rid = message.get("id")
+    if type(task_id) is not str or rid is None:
+        return []
+    seen = ToolCallSeen(UNNAMED_TOOL, rid)
+    seen.about = message["method"]
+    seen.task_id = task_id
+    seen.tasked = True
+    seen.interim = True  # until its reply is read and ends the task
+    return [seen]

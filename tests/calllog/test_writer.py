@@ -681,6 +681,24 @@ async def test_the_queue_is_bounded(
         await log.write([record(workspace, server)])
 
 
+async def test_room_given_back_is_room_again(
+    pool: asyncpg.Pool, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    """Room reserved for calls that turned out to be no rows (an interim answer) goes back,
+    exactly: the workspace's share counts only rows to come."""
+    workspace, (server, _) = servers
+    log = CallLog(pool, max_rows=8, workspace_share=0.5)  # not started; a share of 4 rows
+    held = log.reserve(workspace, 4)
+    assert held is not None and log.reserve(workspace, 1) is None
+    log.release(held, 3)
+    log.add(record(workspace, server), held)  # the one still reserved turns into its row
+    assert len(log) == 1
+    assert log.reserve(workspace, 3) is held  # the row waiting and these fill the share
+    assert log.reserve(workspace, 1) is None
+    log.release(held, 3)
+    assert log.reserve(workspace, 3) is held
+
+
 async def test_shutdown_drains_the_queue_without_calling_it_a_death(
     pool: asyncpg.Pool,
     db: asyncpg.Connection,

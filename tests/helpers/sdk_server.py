@@ -6,12 +6,28 @@ import argparse
 import asyncio
 import itertools
 import logging
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
+from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
-from mcp_types import JSONRPCMessage, ListToolsResult, PaginatedRequestParams
-from pydantic import Field
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    CallToolRequestParams,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    InputRequiredResult,
+    JSONRPCMessage,
+    ListToolsResult,
+    PaginatedRequestParams,
+    RequestParams,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, Field
 
 
 class PagedServer(MCPServer):
@@ -57,9 +73,124 @@ class MemoryEventStore(EventStore):
         return stream
 
 
-def build_server(page_size: int | None) -> PagedServer:
-    server = PagedServer("sdk-test-upstream", log_level="WARNING")
+class Name(BaseModel):
+    name: str
+
+
+_NAME_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+class TaskParams(RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class Tasks(Extension):
+    """The tasks extension (io.modelcontextprotocol/tasks, SEP-2663, as its specification
+    repository describes it; the SDK offers the extension points, not the extension): the
+    `job` tool answers with a task handle, and tasks/get tells its status, the tool's result
+    inlined once completed, the JSON-RPC error once failed; tasks/cancel cancels it."""
+
+    identifier = "io.modelcontextprotocol/tasks"
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, asyncio.Task[None]] = {}
+
+    def methods(self) -> Sequence[MethodBinding]:
+        return [
+            MethodBinding("tasks/get", TaskParams, self._get),
+            MethodBinding("tasks/cancel", TaskParams, self._cancel),
+        ]
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: Any, call_next: Any
+    ) -> Any:
+        if params.name != "job":
+            return await call_next(ctx)
+        task_id = str(uuid.uuid4())
+        now = datetime.now(UTC).isoformat()
+        task: dict[str, Any] = {
+            "taskId": task_id,
+            "status": "working",
+            "createdAt": now,
+            "lastUpdatedAt": now,
+            "ttlMs": 60_000,
+            "pollIntervalMs": 20,
+        }
+        self.tasks[task_id] = task
+
+        async def run() -> None:
+            try:
+                result = await call_next(ctx)
+            except MCPError as exc:
+                task.update(status="failed", error={"code": exc.code, "message": exc.message})
+            else:
+                dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+                task.update(status="completed", result=dumped)
+            task["lastUpdatedAt"] = datetime.now(UTC).isoformat()
+
+        self.runs[task_id] = asyncio.ensure_future(run())
+        return {"resultType": "task", **task}
+
+    async def _get(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
+        task = self.tasks.get(params.task_id)
+        if task is None:
+            raise MCPError(code=-32602, message="Failed to retrieve task: Task not found")
+        return dict(task)
+
+    async def _cancel(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
+        task = self.tasks.get(params.task_id)
+        if task is None:
+            raise MCPError(code=-32602, message="Failed to cancel task: Task not found")
+        if task["status"] == "working":
+            self.runs[params.task_id].cancel()
+            task["status"] = "cancelled"
+        return {}
+
+
+def add_interactive_tools(server: MCPServer) -> None:
+    """Tools that do not answer at once: `greet` asks the user's name first (elicitation: a
+    2026-07-28 client gets `input_required` and retries; an older one gets an
+    elicitation/create request on the call's SSE stream), `job` becomes a task (Tasks)."""
+
+    @server.tool()
+    async def greet(ctx: Context, notify: bool = False) -> Any:
+        """Ask the caller's name, then greet them; `notify` sends progress first (an SSE
+        reply)."""
+        if notify:
+            await ctx.report_progress(0.5, 1.0, "asking")
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            answers = ctx.input_responses
+            if not answers:
+                ask = ElicitRequestFormParams(message="Your name?", requested_schema=_NAME_SCHEMA)
+                return InputRequiredResult(input_requests={"name": ElicitRequest(params=ask)})
+            answer: Any = answers["name"]
+            if answer.action != "accept":
+                raise ToolError(f"the caller would not say ({answer.action})")
+            return f"hello {answer.content['name']}"
+        elicited: Any = await ctx.elicit("Your name?", Name)
+        if elicited.action != "accept":
+            raise ToolError(f"the caller would not say ({elicited.action})")
+        return f"hello {elicited.data.name}"
+
+    @server.tool()
+    async def job(seconds: float, fail: bool = False, broken: bool = False) -> str:
+        """Work for a while (as a task): `fail` ends it with isError, `broken` with a JSON-RPC
+        error (a failed task)."""
+        await asyncio.sleep(seconds)
+        if broken:
+            raise MCPError(code=-32603, message="the job's backend is gone")
+        if fail:
+            raise ToolError("the job did not work out")
+        return f"done after {seconds} s"
+
+
+def build_server(page_size: int | None, interactive: bool = False) -> PagedServer:
+    extensions = [Tasks()] if interactive else None
+    server = PagedServer("sdk-test-upstream", log_level="WARNING", extensions=extensions)
     server.page_size = page_size
+    if interactive:
+        add_interactive_tools(server)
 
     @server.tool()
     def add(a: int, b: int) -> int:
@@ -121,12 +252,15 @@ def main() -> None:
         "--priming", action="store_true", help="send priming events with retry lines"
     )
     parser.add_argument("--page-size", type=int, default=None)
+    parser.add_argument(
+        "--interactive", action="store_true", help="add the greet and job tools, and tasks"
+    )
     args = parser.parse_args()
 
     # Plain logging, set before the SDK's: its Rich handler renders the traceback of every
     # failing tool (the `fail` tool) for over half a second of CPU, seconds under load.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    server = build_server(args.page_size)
+    server = build_server(args.page_size, args.interactive)
     if args.transport == "sse":
         server.run("sse", host="127.0.0.1", port=args.port)
         return

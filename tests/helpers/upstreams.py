@@ -45,12 +45,14 @@ def sdk_server(
     priming: bool = False,
     page_size: int | None = None,
     transport: str = "streamable-http",
+    interactive: bool = False,
 ) -> Iterator[str]:
     """Run tests/sdk_server.py (official `mcp` SDK) on a free port; yield its MCP URL.
 
     Synchronous on purpose, so session-scoped fixtures in any test package can share one
     process. `priming` adds an event store (priming events, `retry:` lines, resumable
-    streams); `transport="sse"` runs the legacy HTTP+SSE transport and yields its /sse URL.
+    streams); `transport="sse"` runs the legacy HTTP+SSE transport and yields its /sse URL;
+    `interactive` adds a tool that elicits and one that becomes a task (the tasks extension).
     """
     port = free_port()
     args = [sys.executable, str(SDK_SERVER_SCRIPT), str(port), "--transport", transport]
@@ -58,6 +60,7 @@ def sdk_server(
     args += ["--json"] if json_response else []
     args += ["--priming"] if priming else []
     args += ["--page-size", str(page_size)] if page_size else []
+    args += ["--interactive"] if interactive else []
     with running(args, lambda proc, log: _wait_for_port(proc, port, log)):
         path = "/sse" if transport == "sse" else "/mcp"
         yield f"http://127.0.0.1:{port}{path}"

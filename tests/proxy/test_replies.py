@@ -7,7 +7,13 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.proxy.replies import MAX_ERROR_CHARS, MAX_JUDGED_BYTES, ReplyReader, read_reply
+from gateway.proxy.replies import (
+    MAX_ERROR_CHARS,
+    MAX_JUDGED_BYTES,
+    TASK_CANCELLED,
+    ReplyReader,
+    read_reply,
+)
 from gateway.proxy.requests import (
     ToolCallSeen,
     tool_calls_in,
@@ -173,3 +179,145 @@ def test_a_reply_too_large_to_read_is_left_to_the_http_status() -> None:
     reader.finish()
     reader.delivered()
     assert reader.blind and relayed(seen[0]) == (False, None)
+
+
+# -- replies that are no call's end (2026-07-28) ------------------------------------------------
+
+
+def result(rid: Any, body: dict[str, Any]) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": body})
+
+
+ASKING = {
+    "inputRequests": {"name": {"method": "elicitation/create", "params": {"message": "Name?"}}},
+    "resultType": "input_required",
+}
+HANDLE = {"resultType": "task", "taskId": "t-1", "status": "working", "ttlMs": 60000}
+DONE = {"content": [{"type": "text", "text": "fine"}], "isError": False}
+
+
+@pytest.mark.parametrize("indent", [False, True])
+def test_an_input_required_answer_is_interim(indent: bool) -> None:
+    body = orjson.dumps(
+        {"jsonrpc": "2.0", "id": 1, "result": ASKING},
+        option=orjson.OPT_INDENT_2 if indent else 0,
+    )
+    seen = calls(1)
+    assert read_reply(seen, body) == ()
+    assert seen[0].answered and seen[0].interim and seen[0].error is None
+    seen = calls(1)
+    reader = ReplyReader(seen, event_stream=True)
+    assert not reader.feed(b"event: message\ndata: " + result(1, ASKING) + b"\n\n")
+    reader.delivered()
+    assert seen[0].relayed and seen[0].interim
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # What an SDK server writes: read without parsing, and final.
+        {**DONE, "resultType": "complete"},
+        # The same result spelled otherwise is parsed, and final too.
+        {"resultType": "complete", **DONE},
+        {**DONE, "resultType": "some-extension's"},
+        # A result that only quotes a resultType in its content stays final.
+        {**DONE, "structuredContent": {"resultType": "complete"}},
+    ],
+)
+def test_a_final_result_is_not_interim(body: dict[str, Any]) -> None:
+    seen = calls(1)
+    assert read_reply(seen, result(1, body)) == ()
+    assert seen[0].answered and not seen[0].interim and seen[0].error is None
+
+
+def test_a_task_handle_is_interim_and_names_its_task() -> None:
+    seen = calls(1)
+    assert read_reply(seen, result(1, HANDLE)) == tuple(seen)
+    assert seen[0].interim and (seen[0].task_id, seen[0].ttl_ms) == ("t-1", 60000)
+    # A resultType quoted in the content does not hide the handle's.
+    seen = calls(1)
+    quoting = {**HANDLE, "_meta": {"note": {"resultType": "complete"}}}
+    assert read_reply(seen, result(1, quoting)) == tuple(seen)
+    # Over SSE the reader says so before the chunk is written, and hands the handles once.
+    seen = calls(1)
+    reader = ReplyReader(seen, event_stream=True)
+    assert reader.feed(b"data: " + result(1, HANDLE) + b"\n\n")
+    assert reader.take_handles() == seen and reader.take_handles() == []
+    # Without a task id there is nothing to follow: taken as final.
+    seen = calls(1)
+    assert read_reply(seen, result(1, {**HANDLE, "taskId": 7})) == ()
+    assert not seen[0].interim
+
+
+def test_a_2025_task_handle_counts_only_for_a_call_that_asked_for_one() -> None:
+    handle = {"task": {"taskId": "t-1", "status": "working", "ttl": 1000}}
+    asked = tool_calls_in(
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+        b'"params":{"name":"deep","arguments":{},"task":{"ttl":1000}}}'
+    )
+    assert asked[0].tasked
+    assert read_reply(asked, result(1, handle)) == tuple(asked)
+    assert asked[0].task_id == "t-1" and asked[0].ttl_ms == 1000
+    not_asked = calls(1)
+    assert read_reply(not_asked, result(1, handle)) == ()
+    assert not not_asked[0].interim
+
+
+def about(method: str, task_id: str = "t-1", rid: int = 2) -> list[ToolCallSeen]:
+    body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": {"taskId": task_id}}
+    seen = tool_calls_in(orjson.dumps(body))
+    assert [(s.about, s.task_id, s.interim) for s in seen] == [(method, task_id, True)]
+    return seen
+
+
+def ends(seen: list[ToolCallSeen], reply: dict[str, Any]) -> tuple[bool, str | None]:
+    read_reply(seen, orjson.dumps({"jsonrpc": "2.0", "id": 2, **reply}))
+    return not seen[0].interim, seen[0].error
+
+
+def test_what_ends_a_task_and_how() -> None:
+    task = {"resultType": "complete", "taskId": "t-1", "createdAt": "now"}
+    failed = {**DONE, "isError": True, "content": [{"type": "text", "text": "no luck"}]}
+    error = {"code": -32603, "message": "backend gone"}
+    get = "tasks/get"
+    assert ends(about(get), {"result": {**task, "status": "working"}}) == (False, None)
+    assert ends(about(get), {"result": {**task, "status": "input_required"}}) == (False, None)
+    assert ends(about(get), {"result": {**task, "status": "completed", "result": DONE}}) == (
+        True,
+        None,
+    )
+    assert ends(about(get), {"result": {**task, "status": "completed", "result": failed}}) == (
+        True,
+        "no luck",
+    )
+    # 2025-11-25: completed, and the result comes with tasks/result.
+    assert ends(about(get), {"result": {**task, "status": "completed"}}) == (False, None)
+    assert ends(about(get), {"result": {**task, "status": "failed", "error": error}}) == (
+        True,
+        "JSON-RPC error -32603: backend gone",
+    )
+    assert ends(about(get), {"result": {**task, "status": "failed", "statusMessage": "x"}}) == (
+        True,
+        "the task failed: x",
+    )
+    assert ends(about(get), {"result": {**task, "status": "cancelled"}}) == (
+        True,
+        "the task was cancelled",
+    )
+    # About another task than asked, or an unknown task: nothing ends.
+    other = {**task, "taskId": "t-2", "status": "completed", "result": DONE}
+    assert ends(about(get), {"result": other}) == (False, None)
+    assert ends(about(get), {"error": {"code": -32602, "message": "Task not found"}}) == (
+        False,
+        None,
+    )
+    assert ends(about("tasks/result"), {"result": failed}) == (True, "no luck")
+    assert ends(about("tasks/result"), {"error": error}) == (
+        True,
+        "JSON-RPC error -32603: backend gone",
+    )
+    assert ends(about("tasks/cancel"), {"result": {"resultType": "complete"}}) == (
+        True,
+        TASK_CANCELLED,
+    )
+    assert ends(about("tasks/cancel"), {"error": error}) == (False, None)

@@ -249,3 +249,31 @@ def test_names_are_made_storable_and_bounded() -> None:
     name.encode()  # valid UTF-8
     assert names(b'{"id":1,"method":"tools/call","params":{"name":""}}') == [("(unnamed)", 1)]
     assert names(b'{"id":1,"method":"tools/call","params":[]}') == [("(unnamed)", 1)]
+
+
+# -- requests about a task ---------------------------------------------------------------------
+
+
+def asked_about(body: bytes) -> list[tuple[str | None, str | None, Any]]:
+    return [(seen.about, seen.task_id, seen.rid) for seen in tool_calls_in(body)]
+
+
+def test_requests_about_a_task_are_seen_with_their_task() -> None:
+    get = b'{"jsonrpc":"2.0","id":3,"method":"tasks/get","params":{"taskId":"t-1"}}'
+    assert asked_about(get) == [("tasks/get", "t-1", 3)]
+    escaped = get.replace(b"tasks/get", b"tasks\\/get")
+    assert asked_about(escaped) == [("tasks/get", "t-1", 3)]
+    batch = (
+        b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"add"}},'
+        b'{"jsonrpc":"2.0","id":2,"method":"tasks/result","params":{"taskId":"t-2"}}]'
+    )
+    assert asked_about(batch) == [(None, None, 1), ("tasks/result", "t-2", 2)]
+    # Nothing to follow: a notification, no task id, another method, not JSON. Nothing
+    # about a task decides what runs, so nothing is refused either.
+    for body in (
+        b'{"jsonrpc":"2.0","method":"tasks/get","params":{"taskId":"t-1"}}',
+        b'{"jsonrpc":"2.0","id":3,"method":"tasks/get","params":{"taskId":7}}',
+        b'{"jsonrpc":"2.0","id":3,"method":"tasks/update","params":{"taskId":"t-1"}}',
+        b'{"jsonrpc":"2.0","id":3,"method":"tasks/get", oops',
+    ):
+        assert tool_calls_in(body) == [], body
