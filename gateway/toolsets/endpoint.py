@@ -146,13 +146,6 @@ TOOLSET_ENDPOINT: web.AppKey[ToolsetEndpoint] = web.AppKey("toolset_endpoint")
     bodiless=(202,),
 )
 @routes.route(
-    "GET",
-    TOOLSET_PATH,
-    summary="No server-initiated stream: 405",
-    access=MCP,
-    errors=(403, 404, 405),
-)
-@routes.route(
     "DELETE",
     TOOLSET_PATH,
     summary="End a toolset session and its member sessions",
@@ -169,7 +162,8 @@ async def toolset_mcp(request: web.Request, toolset_id: uuid.UUID) -> web.Stream
     it arrives (JSON, or SSE with progress), and is logged against that server and tool with
     `toolset_id`. Rules apply as in the proxy. A session id that is forged, expired (after 24
     hours), of another toolset or of another caller is 404: the client initialises again.
-    GET is 405 (no server-initiated stream); JSON-RPC batches are refused (-32600)."""
+    There is no GET (no server-initiated stream: 405, which clients take as such); JSON-RPC
+    batches are refused (-32600)."""
     started = time.perf_counter()
     endpoint = request.app[TOOLSET_ENDPOINT]
     proxying = request.app[PROXYING]
@@ -181,8 +175,6 @@ async def toolset_mcp(request: web.Request, toolset_id: uuid.UUID) -> web.Stream
         decisions.check_proxy(principal.rules)
     except decisions.Refused as refused:
         raise refusal(refused, []) from None
-    if request.method == "GET":
-        raise web.HTTPMethodNotAllowed("GET", ["POST", "DELETE"])
     with proxying.in_flight.holding(principal.workspace_id):
         if request.method == "DELETE":
             return await _end(request, endpoint, proxying, toolset, principal)

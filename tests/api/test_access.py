@@ -251,6 +251,12 @@ async def rule_body(w: World, caller: str) -> dict[str, Any]:
 
 
 _RPC = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+}
 
 
 async def invite_body(w: World, caller: str) -> dict[str, str]:
@@ -371,6 +377,13 @@ ROWS: dict[tuple[str, str], Row] = {
     ("GET", "/proxy/{server_id}/mcp"): R((401, 502, 404, 502, 502, 502), params=server),
     ("DELETE", "/proxy/{server_id}/mcp"): R((401, 502, 404, 502, 502, 502), params=server),
     ("OPTIONS", "/proxy/{server_id}/mcp"): R((204, 204, 204, 204, 204, 204), params=server),
+    # A toolset's endpoint: as the proxy (its unreachable member is left out of the session;
+    # a DELETE without a session id is 400).
+    ("POST", "/toolsets/{toolset_id}/mcp"): R(
+        (401, 200, 404, 200, 200, 200), params=toolset, body=body(_INITIALIZE)
+    ),
+    ("DELETE", "/toolsets/{toolset_id}/mcp"): R((401, 400, 404, 400, 400, 400), params=toolset),
+    ("OPTIONS", "/toolsets/{toolset_id}/mcp"): R((204, 204, 204, 204, 204, 204), params=toolset),
     ("POST", "/tool-calls"): R((401, 201, 404, 201, 201, 201), body=tool_call_body),
     ("GET", "/tool-calls"): R((401, 200, 200, 200, 200, 200)),
     # Alerts: reads for members and API keys, rule changes for admins.

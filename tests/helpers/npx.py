@@ -10,7 +10,9 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from tests.helpers.upstreams import free_port
@@ -88,3 +90,33 @@ async def everything_server() -> AsyncIterator[str]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
+
+
+INSPECTOR = "@modelcontextprotocol/inspector@2"  # 0.x has another CLI syntax
+
+
+async def inspector(npx: str, url: str, key: str, *args: str) -> Any:
+    """The MCP Inspector's CLI against an MCP URL with an API key; its JSON answer."""
+    process = await asyncio.create_subprocess_exec(
+        npx,
+        "-y",
+        INSPECTOR,
+        "--cli",
+        url,
+        "--transport",
+        "http",
+        "--header",
+        f"X-API-Key: {key}",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        # The first run downloads the inspector from the npm registry.
+        out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode == 0, err.decode(errors="replace")[-3000:]
+    return orjson.loads(out)

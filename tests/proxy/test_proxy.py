@@ -8,7 +8,6 @@ import base64
 import itertools
 import time
 import uuid
-from typing import Any
 
 import asyncpg
 import httpx2
@@ -20,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.calllog.writer import CALL_LOG
 from tests.helpers.api import Api, AppFactory
-from tests.helpers.npx import npx_for
+from tests.helpers.npx import INSPECTOR, inspector, npx_for
 from tests.helpers.proxying import arrange, call, logged_calls, recorder, rpc, sdk_client
 from tests.helpers.upstreams import unused_url
 
@@ -93,46 +92,23 @@ async def test_sdk_session_alternates_between_two_gateways(
     await logged_calls(db, 4)
 
 
-INSPECTOR = "@modelcontextprotocol/inspector@2"  # 0.x has another CLI syntax
-
-
-async def inspector_reachable() -> str:
-    return await npx_for(INSPECTOR)
-
-
 async def test_mcp_inspector_cli(api: Api, db: asyncpg.Connection, sdk_stateful: str) -> None:
-    npx = await inspector_reachable()
+    npx = await npx_for(INSPECTOR)
     setup = await arrange(api, db, sdk_stateful)
-
-    async def inspector(*args: str) -> Any:
-        process = await asyncio.create_subprocess_exec(
-            npx,
-            "-y",
-            INSPECTOR,
-            "--cli",
-            setup.url,
-            "--transport",
-            "http",
-            "--header",
-            f"X-API-Key: {setup.key}",
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            # The first run downloads the inspector from the npm registry.
-            out, err = await asyncio.wait_for(process.communicate(), timeout=300)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise
-        assert process.returncode == 0, err.decode(errors="replace")[-3000:]
-        return orjson.loads(out)
-
-    listed = await inspector("--method", "tools/list")
+    listed = await inspector(npx, setup.url, setup.key, "--method", "tools/list")
     assert {"add", "echo"} <= {tool["name"] for tool in listed["tools"]}
     called = await inspector(
-        "--method", "tools/call", "--tool-name", "add", "--tool-arg", "a=1", "--tool-arg", "b=2"
+        npx,
+        setup.url,
+        setup.key,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "add",
+        "--tool-arg",
+        "a=1",
+        "--tool-arg",
+        "b=2",
     )
     assert called["structuredContent"] == {"result": 3}
     [row] = await logged_calls(db, 1)

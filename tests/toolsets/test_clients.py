@@ -4,44 +4,12 @@ relayed as they come."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import asyncpg
-import orjson
 
 from tests.helpers.api import Api
-from tests.helpers.npx import everything_server, npx_for
+from tests.helpers.npx import INSPECTOR, everything_server, inspector, npx_for
 from tests.helpers.proxying import logged_calls, sdk_client
-from tests.helpers.toolsets import Arranged, arrange_toolset, prefix
-
-INSPECTOR = "@modelcontextprotocol/inspector@2"
-
-
-async def inspector(npx: str, toolset: Arranged, *args: str) -> Any:
-    process = await asyncio.create_subprocess_exec(
-        npx,
-        "-y",
-        INSPECTOR,
-        "--cli",
-        toolset.url,
-        "--transport",
-        "http",
-        "--header",
-        f"X-API-Key: {toolset.key}",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        # The first run downloads the inspector from the npm registry.
-        out, err = await asyncio.wait_for(process.communicate(), timeout=300)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode == 0, err.decode(errors="replace")[-3000:]
-    return orjson.loads(out)
+from tests.helpers.toolsets import arrange_toolset, prefix
 
 
 async def test_the_inspector_cli_lists_and_calls_through_a_toolset(
@@ -50,10 +18,10 @@ async def test_the_inspector_cli_lists_and_calls_through_a_toolset(
     npx = await npx_for(INSPECTOR)
     async with everything_server() as everything:
         toolset = await arrange_toolset(api, db, [sdk_stateful, sdk_stateless, everything])
-        listed = await inspector(npx, toolset, "--method", "tools/list")
+        listed = await inspector(npx, toolset.url, toolset.key, "--method", "tools/list")
         add = f"{prefix(toolset.names[1])}add"
         called = await inspector(
-            npx, toolset, "--method", "tools/call", "--tool-name", add,
+            npx, toolset.url, toolset.key, "--method", "tools/call", "--tool-name", add,
             "--tool-arg", "a=1", "--tool-arg", "b=2",
         )  # fmt: skip
     names = {tool["name"] for tool in listed["tools"]}

@@ -14,6 +14,7 @@ from gateway.toolsets.sessions import Sealer
 from tests.helpers.api import Api
 from tests.helpers.proxying import ACCEPT, logged_calls, rpc, sdk_client
 from tests.helpers.toolsets import arrange_toolset, prefix
+from tests.helpers.upstreams import unused_url
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -72,3 +73,16 @@ async def test_a_session_no_longer_valid_is_404_and_a_new_session_works(
     async with sdk_client(toolset.url, toolset.key, "legacy") as client:
         again = await client.call_tool(tool, {"a": 2, "b": 2})
     assert (first.structured_content, again.structured_content) == ({"result": 2}, {"result": 4})
+
+
+async def test_a_member_that_cannot_be_reached_leaves_only_its_own_tools_out(
+    api: Api, db: asyncpg.Connection, sdk_stateless: str
+) -> None:
+    toolset = await arrange_toolset(api, db, [unused_url(), sdk_stateless])
+    async with sdk_client(toolset.url, toolset.key, "legacy") as client:
+        listed = await client.list_tools()
+        added = await client.call_tool(f"{prefix(toolset.names[1])}add", {"a": 1, "b": 2})
+    names = {tool.name for tool in listed.tools}
+    assert f"{prefix(toolset.names[1])}add" in names
+    assert not any(name.startswith(prefix(toolset.names[0])) for name in names)
+    assert added.structured_content == {"result": 3}

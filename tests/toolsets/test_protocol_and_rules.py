@@ -91,7 +91,7 @@ async def test_another_workspace_s_toolset_is_404_and_get_is_405(
     assert (status, body) == (404, {"detail": "toolset not found"})
     reply = await api.get(toolset.path, auth=toolset.key, headers={"Accept": "text/event-stream"})
     assert reply.status == 405
-    assert set(reply.headers["Allow"].split(",")) == {"POST", "DELETE"}
+    assert set(reply.headers["Allow"].split(",")) == {"POST", "DELETE", "OPTIONS"}
 
 
 async def test_what_a_toolset_does_not_serve_is_answered_in_json_rpc(
