@@ -587,6 +587,10 @@ CREATE TABLE pending_tasks (
     caller_agent  text,
     started_at    timestamptz NOT NULL,  -- when the tools/call reached the gateway
     expires_at    timestamptz NOT NULL,
+    -- The toolset the tools/call came through (null: the server's own proxy URL), for the
+    -- call's row; a toolset routes requests about the task to the member found here. No
+    -- foreign key: a deleted toolset's call keeps its id, as in tool_calls.
+    toolset_id    uuid,
     PRIMARY KEY (server_id, task_id)
 );
 -- A workspace follows a bounded number of tasks at once (counted here).

@@ -5,7 +5,7 @@ Three ways in, one aiohttp application (app.create_app builds it, in dependency 
 - Agents call /api/v1/proxy/{server}/mcp: proxy/ forwards MCP byte for byte to the upstream
   server and puts each `tools/call` in the call log (calllog/). This is the hot path. Or they
   call /api/v1/toolsets/{id}/mcp: toolsets/ serves several servers as one, forwarding each
-  `tools/call` through the proxy's exchange.
+  `tools/call` (and each request about the task one became) through the proxy's exchange.
 - REST clients call /api/v1/...: api/ holds one thin handler module per resource, which
   validate, call one SQL function (db/) and answer; api/routing declares each route's access.
 - People use the dashboard at /: dashboard/ renders pages that call the api/ handlers under

@@ -294,7 +294,7 @@ async def forward(
         reservation = proxying.call_log.reserve(upstream.workspace_id, len(calls))
         if reservation is None:
             raise no_room()
-    outcome = Outcome(calls, started, reservation)
+    outcome = Outcome(calls, started, reservation, toolset_id)
     try:
         return await _exchange(
             request, proxying, upstream, headers, body, outcome, filtering, pass_back
@@ -551,7 +551,12 @@ async def _follow(
     if not 200 <= outcome.status < 300 or outcome.reservation is None:
         return
     job = proxying.tasks.follow(
-        upstream, handles, outcome.reservation, caller_agent(request), outcome.started
+        upstream,
+        handles,
+        outcome.reservation,
+        caller_agent(request),
+        outcome.started,
+        outcome.toolset_id,
     )
     # Shielded: a caller hanging up meanwhile cancels only the wait, and the job still
     # accounts for each call (followed, or logged at once).

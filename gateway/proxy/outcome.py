@@ -42,6 +42,7 @@ class Outcome:
         "size",
         "started",
         "status",
+        "toolset_id",
     )
 
     def __init__(
@@ -49,12 +50,15 @@ class Outcome:
         calls: list[ToolCallSeen],
         started: float = 0.0,
         reservation: Reservation | None = None,
+        toolset_id: uuid.UUID | None = None,
     ) -> None:
         self.calls = calls
-        # perf_counter() when the request arrived, and the calls' room in the call log (for
-        # the calls that turn into tasks while the reply is read: gateway/proxy/tasks).
+        # perf_counter() when the request arrived, the calls' room in the call log, and the
+        # toolset they came through (for the calls that turn into tasks while the reply is
+        # read: gateway/proxy/tasks).
         self.started = started
         self.reservation = reservation
+        self.toolset_id = toolset_id
         self.status = 0
         self.size = 0
         # The exchange failed on the upstream's side (unreachable, timed out, broke off), and

@@ -5,8 +5,9 @@ Under the tasks extension (2026-07-28; 2025-11-25 had tasks too) a server may an
 polls `tasks/get` (or asks `tasks/result`, 2025-11-25) until a reply says the task completed
 (the tool's result inlined), failed or was cancelled, or it cancels the task (`tasks/cancel`).
 The call ends with that reply, which may reach any gateway process (`serve --workers N`, or
-several machines): what the call was (tool, caller, start) is kept in PostgreSQL in between,
-one row of pending_tasks per task, never in one process's memory.
+several machines): what the call was (tool, caller, start, the toolset it came through) is
+kept in PostgreSQL in between, one row of pending_tasks per task, never in one process's
+memory. A toolset finds there which of its members holds a task its client asks about.
 
 - A handle: before it is passed on (so that no poll can overtake it), the task is stored
   (one INSERT, awaited). The call has no row yet; the room reserved for it in the call log
@@ -33,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -84,16 +86,20 @@ class TaskFollower:
         reservation: Reservation,
         caller_agent: str | None,
         started: float,
+        toolset_id: uuid.UUID | None = None,
     ) -> asyncio.Task[None]:
         """Store the tasks `handles` turned their calls into; the job returned ends once they
         are (the proxy waits for it before passing the handles on). Each call's room in the
-        log is the job's: given back, or its row when the task cannot be followed."""
+        log is the job's: given back, or its row when the task cannot be followed. A task
+        keeps the toolset its call came through (`toolset_id`), for its row and for the
+        toolset's requests about it."""
         for call in handles:
             call.handed = True
         now = datetime.now(UTC)
         started_at = now - timedelta(seconds=time.perf_counter() - started)
+        calls = list(handles)
         return self._start(
-            self._follow(upstream, list(handles), reservation, caller_agent, started_at, now)
+            self._follow(upstream, calls, reservation, caller_agent, started_at, now, toolset_id)
         )
 
     def settle(
@@ -133,11 +139,14 @@ class TaskFollower:
         caller_agent: str | None,
         started_at: datetime,
         now: datetime,
+        toolset_id: uuid.UUID | None,
     ) -> None:
         for call in handles:
             task_id = call.task_id or ""
             try:
-                reason = await self._store(upstream, call, caller_agent, started_at, now)
+                reason = await self._store(
+                    upstream, call, caller_agent, started_at, now, toolset_id
+                )
             except DATABASE_ERRORS as exc:
                 log.warning("cannot follow task %.100r: %s: %s", task_id, type(exc).__name__, exc)
                 reason = f"the database did not take it ({type(exc).__name__})"
@@ -148,7 +157,9 @@ class TaskFollower:
                 self._call_log.release(reservation)
                 continue
             error = _UNFOLLOWED.format(task_id=_shown(task_id), reason=reason)
-            row = _row(upstream.workspace_id, upstream.id, call.name, caller_agent, "error")
+            row = _row(
+                upstream.workspace_id, upstream.id, call.name, caller_agent, "error", toolset_id
+            )
             duration_ms = round((now - started_at).total_seconds() * 1000)
             self._call_log.add(
                 row._replace(duration_ms=duration_ms, error_message=error, created_at=now),
@@ -162,6 +173,7 @@ class TaskFollower:
         caller_agent: str | None,
         started_at: datetime,
         now: datetime,
+        toolset_id: uuid.UUID | None,
     ) -> str | None:
         """Follow one call's task; why it cannot be, or None."""
         task_id = call.task_id or ""
@@ -175,6 +187,7 @@ class TaskFollower:
             caller_agent,
             started_at,
             now + _followed_for(call.ttl_ms),
+            toolset_id,
         )
         room, added = await pending_tasks_db.follow(self._pool, task, MAX_FOLLOWED)
         if not room:
@@ -206,8 +219,14 @@ class TaskFollower:
                 self._call_log.release(reservation)
                 continue
             status = "success" if entry.error is None else "error"
+            # The toolset the call came through, whichever URL the reply ending it took.
             row = _row(
-                pending.workspace_id, upstream.id, pending.tool_name, pending.caller_agent, status
+                pending.workspace_id,
+                upstream.id,
+                pending.tool_name,
+                pending.caller_agent,
+                status,
+                pending.toolset_id,
             )
             duration_ms = round((ended_at - pending.started_at).total_seconds() * 1000)
             self._call_log.add(
@@ -232,7 +251,12 @@ async def expire(
         for task in expired:
             error = EXPIRED.format(task_id=_shown(task.task_id))
             row = _row(
-                task.workspace_id, task.server_id, task.tool_name, task.caller_agent, "error"
+                task.workspace_id,
+                task.server_id,
+                task.tool_name,
+                task.caller_agent,
+                "error",
+                task.toolset_id,
             )
             call_log.add(row._replace(error_message=error, created_at=now))
         total += len(expired)
@@ -242,7 +266,12 @@ async def expire(
 
 
 def _row(
-    workspace_id: Any, server_id: Any, tool_name: str, caller_agent: str | None, status: str
+    workspace_id: Any,
+    server_id: Any,
+    tool_name: str,
+    caller_agent: str | None,
+    status: str,
+    toolset_id: uuid.UUID | None,
 ) -> ToolCall:
     return ToolCall(
         id=new_call_id(),
@@ -257,6 +286,7 @@ def _row(
         output_size_bytes=None,
         error_message=None,
         created_at=datetime.now(UTC),
+        toolset_id=toolset_id,
     )
 
 

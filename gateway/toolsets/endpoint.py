@@ -4,7 +4,9 @@ The gateway answers the protocol itself (`initialize`, `server/discover`, `ping`
 and forwards each `tools/call` to the member that owns the tool, under the tool's own name,
 through the proxy's exchange (gateway/proxy/handler.forward): the reply is relayed as it
 arrives, JSON or SSE, and the call is logged against that server and tool with the toolset's
-id. Key scopes, tool rules and rate limits apply to each call as in the proxy.
+id. Key scopes, tool rules and rate limits apply to each call as in the proxy. A call that
+became a task is followed as the proxy follows it (gateway/proxy/tasks), with the toolset's id;
+requests about the task go to the member found holding it in pending_tasks.
 
 Sessions (2025-03-26 .. 2025-11-25): `initialize` opens a session with every member the caller
 may use, at once and concurrently, and seals them into the client's Mcp-Session-Id
@@ -16,10 +18,11 @@ that keeps sessions opens one for that request and ends it after.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any, Final
 
 import orjson
@@ -29,8 +32,9 @@ from pydantic import Field
 
 from gateway.accounts.access import MCP, PRINCIPAL, Access, Principal
 from gateway.api.routing import Routes, read_bytes
+from gateway.db import pending_tasks as pending_tasks_db
 from gateway.errors import BadGateway, GatewayTimeout, JsonRpcRefusal, NotFound, PayloadTooLarge
-from gateway.keys import HTTP, SETTINGS
+from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.client import (
     HANDSHAKE_PROTOCOL_VERSION,
     MODERN_PROTOCOL_VERSION,
@@ -53,7 +57,12 @@ from gateway.proxy.handler import (
     forward,
 )
 from gateway.proxy.headers import PASS_BACK, upstream_headers
-from gateway.proxy.requests import ToolCallSeen
+from gateway.proxy.requests import (
+    UNNAMED_TOOL,
+    ToolCallSeen,
+    UnreadableRequest,
+    tool_calls_in,
+)
 from gateway.toolsets.names import Exposed
 from gateway.toolsets.registry import Listing, Toolset, Toolsets
 from gateway.toolsets.sessions import (
@@ -92,6 +101,18 @@ _PARSE_ERROR: Final = -32700
 _NO_SESSION: Final = -32000
 _SESSION_NOT_FOUND: Final = -32001
 _UNSUPPORTED_VERSION: Final = -32022
+# Requests about a task a call through the toolset became, routed to the member that holds it
+# (tasks/list, 2025-11-25's, is not: see _answer), what a member answers a task it does not
+# know (the tasks extension: -32602, its messages), and the requests whose Mcp-Name header
+# carries the task id (2026-07-28).
+_TASK_REQUESTS: Final = frozenset({"tasks/get", "tasks/result", "tasks/cancel", "tasks/update"})
+_UNKNOWN_TASK: Final = {
+    "tasks/get": "Failed to retrieve task: Task not found",
+    "tasks/result": "Failed to retrieve task: Task not found",
+    "tasks/cancel": "Failed to cancel task: Task not found",
+    "tasks/update": "Failed to update task: Task not found",
+}
+_NAMED_BY_TASK: Final = frozenset({"tasks/get", "tasks/cancel", "tasks/update"})
 # Members known to need no session, at most (then forgotten, and learnt again).
 _SESSIONLESS_KEPT: Final = 10_000
 # A member's reply keeps its own session id: the client's is the toolset's.
@@ -160,10 +181,14 @@ async def toolset_mcp(request: web.Request, toolset_id: uuid.UUID) -> web.Stream
     "Toolsets"), leaving out a member that cannot be listed and the tools the caller may not
     call; `tools/call` goes to the owning member under the tool's own name, its reply relayed as
     it arrives (JSON, or SSE with progress), and is logged against that server and tool with
-    `toolset_id`. Rules apply as in the proxy. A session id that is forged, expired (after 24
-    hours), of another toolset or of another caller is 404: the client initialises again.
-    There is no GET (no server-initiated stream: 405, which clients take as such); JSON-RPC
-    batches are refused (-32600)."""
+    `toolset_id`. Rules apply as in the proxy. A call that became a task (the tasks extension,
+    or 2025-11-25's tasks) is logged once, when a reply ends the task: `tasks/get`,
+    `tasks/update`, `tasks/cancel` and `tasks/result` go to the member that holds the task, and
+    a task none of the members holds (or no longer: after its end) is JSON-RPC -32602;
+    `tasks/list` is -32601. A session id that is forged, expired (after 24 hours), of another
+    toolset or of another caller is 404: the client initialises again. There is no GET (no
+    server-initiated stream: 405, which clients take as such); JSON-RPC batches are refused
+    (-32600)."""
     started = time.perf_counter()
     endpoint = request.app[TOOLSET_ENDPOINT]
     proxying = request.app[PROXYING]
@@ -256,6 +281,12 @@ async def _answer(
         return await _call(
             request, endpoint, proxying, toolset, principal, message, session, started
         )
+    if method in _TASK_REQUESTS:
+        return await _about_task(
+            request, endpoint, proxying, toolset, principal, message, session, started
+        )
+    # tasks/list (2025-11-25) too: members answer it for the gateway's credentials, whoever
+    # the caller, so a merged list would show one caller's tasks to another.
     return _error(request, rid, _METHOD_NOT_FOUND, f"Method not found: {method}")
 
 
@@ -270,16 +301,21 @@ def _check_headers(request: web.Request, message: dict[str, Any]) -> None:
             _rid(message.get("id")),
         )
     name = request.headers.get("Mcp-Name")
+    if name is None:
+        return
     params = message.get("params") or {}
-    if (
-        name is not None
-        and message.get("method") == "tools/call"
-        and header_text(name) != params.get("name")
-    ):
+    if message.get("method") == "tools/call" and header_text(name) != params.get("name"):
         raise JsonRpcRefusal(
             400,
             HEADER_MISMATCH,
             "Header mismatch: the Mcp-Name header does not name the tool the body calls",
+            _rid(message.get("id")),
+        )
+    if message.get("method") in _NAMED_BY_TASK and header_text(name) != params.get("taskId"):
+        raise JsonRpcRefusal(
+            400,
+            HEADER_MISMATCH,
+            "Header mismatch: the Mcp-Name header does not name the task the body asks about",
             _rid(message.get("id")),
         )
 
@@ -453,7 +489,7 @@ async def _call(
 ) -> web.StreamResponse:
     """A tools/call, forwarded to the member that owns the tool under the tool's own name."""
     rid = message.get("id")
-    params = message.get("params") or {}
+    params = dict(message.get("params") or {})
     name = params.get("name")
     if not isinstance(name, str):
         return _error(request, rid, _INVALID_PARAMS, "Invalid params: the tool name is missing")
@@ -463,21 +499,20 @@ async def _call(
     # A tool the caller may not call is refused (and logged) by the rules below, as in the
     # proxy, though its tools/list does not show it.
     upstream = listing.upstreams[tool.server_id]
-    member = None if session is None else session.member(upstream.id)
-    if member is None:
-        member = endpoint.sessionless(upstream)
-    one_off: McpClient | None = None
-    if member is None:
-        # No session with it (a 2026-07-28 client, or a member not reached at initialize):
-        # one for this request, ended once its reply has passed.
-        one_off = McpClient(
-            proxying.http, upstream.url, upstream.auth_headers, proxying.timeout_seconds
+    async with _reached(endpoint, proxying, upstream, session) as member:
+        params["name"] = tool.tool_name
+        body, headers = _forwarded(
+            request, message, params, tool.tool_name, member, upstream, session
         )
-        member = await _one_off(one_off, upstream, proxying.timeout_seconds)
-        endpoint.learnt(upstream, member)
-    try:
-        body, headers = _forwarded(request, message, tool, upstream, member, session)
-        calls = [ToolCallSeen(tool.tool_name, rid)]
+        arguments = params.get("arguments")
+        if session is not None and _modern(member) and isinstance(arguments, Mapping):
+            # A 2026-07-28 client sends these itself; a 2025-era one's session speaks for it.
+            mirrored = param_header_map(tool.tool.get("inputSchema"))
+            headers.update(param_headers(mirrored, arguments))
+        seen = ToolCallSeen(tool.tool_name, rid)
+        # 2025-11-25's tasks: a call that asks for one may be answered `{"task": ...}`.
+        seen.tasked = "task" in params
+        calls = [seen]
         filtering = None
         if principal.rules is not None or upstream.rules is not None:
             filtering = await govern(
@@ -503,12 +538,97 @@ async def _call(
             toolset_id=toolset.id,
             pass_back=_PASS_BACK,
         )
-        if response.status in (400, 404) and member.session_id is None:
-            endpoint.forget(upstream)  # it may want a session now: the next call will see
+        _learn(endpoint, upstream, member, response)
         return response
+
+
+async def _about_task(
+    request: web.Request,
+    endpoint: ToolsetEndpoint,
+    proxying: Proxying,
+    toolset: Toolset,
+    principal: Principal,
+    message: dict[str, Any],
+    session: Session | None,
+    started: float,
+) -> web.StreamResponse:
+    """A request about a task (tasks/get, tasks/result, tasks/cancel, tasks/update), forwarded
+    to the member that holds the task: the one the gateway follows it for (pending_tasks, one
+    round trip), as the proxy would forward it (a reply that ends the task logs its call).
+    Only the key's permission and servers apply: it calls no tool."""
+    rid = message.get("id")
+    method = message["method"]
+    params = dict(message.get("params") or {})
+    task_id = params.get("taskId")
+    if not isinstance(task_id, str):
+        return _error(request, rid, _INVALID_PARAMS, "Invalid params: the task id is missing")
+    upstreams = await _members(request, toolset)
+    held_by = await pending_tasks_db.holder(
+        request.app[POOL], task_id, [upstream.id for upstream in upstreams], toolset.id
+    )
+    upstream = next((u for u in upstreams if u.id == held_by), None)
+    if upstream is None:
+        # As a server answers a task it does not know (the tasks extension: -32602).
+        return _error(request, rid, _INVALID_PARAMS, _UNKNOWN_TASK[method])
+    try:
+        decisions.check_server(principal.rules, upstream.id)
+    except decisions.Refused as refused:
+        # As a call to that member is refused: to the request's id (it logs no row).
+        raise refusal(refused, [ToolCallSeen(UNNAMED_TOOL, rid)], to_calls=True) from None
+    async with _reached(endpoint, proxying, upstream, session) as member:
+        name = task_id if method in _NAMED_BY_TASK else None
+        body, headers = _forwarded(request, message, params, name, member, upstream, session)
+        try:
+            calls = tool_calls_in(body)  # the proxy's reading: tasks/update ends nothing
+        except UnreadableRequest as exc:
+            raise JsonRpcRefusal(400, exc.code, exc.message, _rid(rid)) from None
+        response = await forward(
+            request,
+            proxying,
+            upstream,
+            headers,
+            body,
+            calls,
+            started,
+            toolset_id=toolset.id,
+            pass_back=_PASS_BACK,
+        )
+        _learn(endpoint, upstream, member, response)
+        return response
+
+
+@contextlib.asynccontextmanager
+async def _reached(
+    endpoint: ToolsetEndpoint, proxying: Proxying, upstream: Upstream, session: Session | None
+) -> AsyncIterator[MemberSession]:
+    """How this request reaches the member: the client's session with it, or what the gateway
+    learnt of a member that needs none, or else a session for this request only (a 2026-07-28
+    client, or a member not reached at initialize), ended once its reply has passed."""
+    member = None if session is None else session.member(upstream.id)
+    if member is None:
+        member = endpoint.sessionless(upstream)
+    if member is not None:
+        yield member
+        return
+    one_off = McpClient(
+        proxying.http, upstream.url, upstream.auth_headers, proxying.timeout_seconds
+    )
+    member = await _one_off(one_off, upstream, proxying.timeout_seconds)
+    endpoint.learnt(upstream, member)
+    try:
+        yield member
     finally:
-        if one_off is not None:
-            await one_off.close()
+        await one_off.close()
+
+
+def _learn(
+    endpoint: ToolsetEndpoint,
+    upstream: Upstream,
+    member: MemberSession,
+    response: web.StreamResponse,
+) -> None:
+    if response.status in (400, 404) and member.session_id is None:
+        endpoint.forget(upstream)  # it may want a session now: the next request will see
 
 
 async def _one_off(client: McpClient, upstream: Upstream, seconds: float) -> MemberSession:
@@ -526,37 +646,38 @@ async def _one_off(client: McpClient, upstream: Upstream, seconds: float) -> Mem
     return MemberSession(upstream.id, version, client.session_id)
 
 
+def _modern(member: MemberSession) -> bool:
+    return member.protocol_version == MODERN_PROTOCOL_VERSION
+
+
 def _forwarded(
     request: web.Request,
     message: dict[str, Any],
-    tool: Exposed,
-    upstream: Upstream,
+    params: dict[str, Any],
+    name: str | None,
     member: MemberSession,
+    upstream: Upstream,
     session: Session | None,
 ) -> tuple[bytes, CIMultiDict[str]]:
-    """The call as the member takes it: the tool's own name, the server's credentials, the
-    member's version and session, and for a 2026-07-28 member what that era wants in headers
-    and `_meta` (a 2025-era client's session says who the client is)."""
-    params = dict(message.get("params") or {})
-    params["name"] = tool.tool_name
+    """The request as the member takes it, with `params` (a tool's own name): the server's
+    credentials, the member's version and session, and for a 2026-07-28 member what that era
+    wants in headers (`Mcp-Name`: `name`) and in `_meta` (a 2025-era client's session says who
+    the client is)."""
     headers = upstream_headers(request.headers, upstream.auth_headers)
     headers["MCP-Protocol-Version"] = member.protocol_version
     headers.popall("Mcp-Session-Id", None)
     if member.session_id is not None:
         headers["Mcp-Session-Id"] = member.session_id
-    if member.protocol_version == MODERN_PROTOCOL_VERSION:
-        headers["Mcp-Method"] = "tools/call"
-        headers["Mcp-Name"] = header_value(tool.tool_name)
+    if _modern(member):
+        headers["Mcp-Method"] = message["method"]
+        if name is not None:
+            headers["Mcp-Name"] = header_value(name)
         if session is not None:
             meta = dict(params.get("_meta") or {})
             meta.setdefault(_META_PROTOCOL_VERSION, MODERN_PROTOCOL_VERSION)
             meta.setdefault(_META_CLIENT_INFO, session.client_info)
             meta.setdefault(_META_CLIENT_CAPABILITIES, session.client_capabilities)
             params["_meta"] = meta
-            arguments = params.get("arguments")
-            if isinstance(arguments, Mapping):
-                mirrored = param_header_map(tool.tool.get("inputSchema"))
-                headers.update(param_headers(mirrored, arguments))
     return orjson.dumps({**message, "params": params}), headers
 
 

@@ -23,6 +23,7 @@ from gateway.proxy.handler import PROXYING
 from gateway.proxy.tasks import TASK_FOLLOWER
 from tests.helpers.api import Api
 from tests.helpers.proxying import ACCEPT, Setup
+from tests.helpers.toolsets import Arranged
 
 TASKS = "io.modelcontextprotocol/tasks"
 MODERN = "2026-07-28"
@@ -111,8 +112,9 @@ class Wire:
         return [(kind or "").split(";")[0] for sent, kind in self.exchanges if sent == method]
 
 
-def watched_client(setup: Setup, mode: str, wire: Wire, **options: Any) -> Client:
-    """The SDK client through the gateway, each exchange noted in `wire`."""
+def watched_client(setup: Setup | Arranged, mode: str, wire: Wire, **options: Any) -> Client:
+    """The SDK client through the gateway (a server's proxy URL, or a toolset's), each
+    exchange noted in `wire`."""
     http = httpx2.AsyncClient(
         headers={"X-API-Key": setup.key}, timeout=30, event_hooks={"response": [wire._seen]}
     )
