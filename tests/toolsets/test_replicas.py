@@ -1,5 +1,6 @@
 """A toolset served by two gateway processes at once, its requests alternating between them
-(a load balancer without affinity): sessions and calls work whichever process answers."""
+(a load balancer without affinity): sessions and calls work whichever process answers, two
+replicas or the two workers of `serve --workers 2`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from tests.helpers.processes import SECRETS, environment
 from tests.helpers.proxying import logged_calls, sdk_client
+from tests.helpers.supervised import one_per_worker, supervised_gateway
 from tests.helpers.toolsets import prefix
 from tests.helpers.upstreams import free_port, serve_loopback
 
@@ -67,25 +69,21 @@ async def ready(url: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def alternating(backends: list[str]) -> AsyncIterator[tuple[str, Counter[str]]]:
-    """A loopback balancer sending each request to the next backend in turn; yields its URL
-    and how many requests each backend got."""
-    turns = itertools.cycle(backends)
-    served: Counter[str] = Counter()
+async def alternating(
+    backends: list[aiohttp.ClientSession],
+) -> AsyncIterator[tuple[str, Counter[int]]]:
+    """A loopback balancer sending each request to the next backend in turn (sessions with a
+    base URL); yields its URL and how many requests each backend (by index) got."""
+    turns = itertools.cycle(range(len(backends)))
+    served: Counter[int] = Counter()
 
     async def forward(request: web.Request) -> web.StreamResponse:
-        backend = next(turns)
-        served[backend] += 1
+        turn = next(turns)
+        served[turn] += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        async with (
-            aiohttp.ClientSession(auto_decompress=False) as http,
-            http.request(
-                request.method,
-                backend + request.path_qs,
-                data=await request.read(),
-                headers=headers,
-            ) as reply,
-        ):
+        async with backends[turn].request(
+            request.method, request.path_qs, data=await request.read(), headers=headers
+        ) as reply:
             body = await reply.read()
             back = {k: v for k, v in reply.headers.items() if k.lower() not in _HOP}
             return web.Response(status=reply.status, body=body, headers=back)
@@ -94,6 +92,47 @@ async def alternating(backends: list[str]) -> AsyncIterator[tuple[str, Counter[s
     app.router.add_route("*", "/{path:.*}", forward)
     async with serve_loopback(app) as url:
         yield url, served
+
+
+async def arrange_shared_toolset(
+    db: asyncpg.Connection, workspace_id: uuid.UUID, urls: list[str]
+) -> tuple[str, list[str]]:
+    """A toolset of a server per URL, made in the database every process reads."""
+    toolset_id = await db.fetchval(
+        "INSERT INTO toolsets (workspace_id, name) VALUES ($1, 'shared') RETURNING id",
+        workspace_id,
+    )
+    names = []
+    for position, url in enumerate(urls):
+        name = f"member-{position}"
+        server_id = await db.fetchval(
+            "INSERT INTO servers (workspace_id, name, url) VALUES ($1, $2, $3) RETURNING id",
+            workspace_id,
+            name,
+            url,
+        )
+        await db.execute(
+            "INSERT INTO toolset_servers (toolset_id, server_id, position) VALUES ($1, $2, $3)",
+            toolset_id,
+            server_id,
+            position,
+        )
+        names.append(name)
+    return str(toolset_id), names
+
+
+async def use_toolset(url: str, key: str, mode: str, names: list[str]) -> None:
+    """Through the balancer: list, then call each member's `add` twice; no failure."""
+    async with sdk_client(url, key, mode) as client:
+        listed = await client.list_tools()
+        results = [
+            await client.call_tool(f"{prefix(name)}add", {"a": i, "b": 1})
+            for i in range(2)
+            for name in names
+        ]
+    assert {f"{prefix(name)}add" for name in names} <= {tool.name for tool in listed.tools}
+    assert [r.structured_content for r in results] == [{"result": 1}] * 3 + [{"result": 2}] * 3
+    assert not any(r.is_error for r in results)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -106,45 +145,50 @@ async def test_a_toolset_session_works_whichever_process_answers(
     sdk_sse_url: str,
     mode: str,
 ) -> None:
+    """Two `serve` processes (replicas) on one database."""
     with (
         gateway_process(database_url, tmp_path / "one") as one,
         gateway_process(database_url, tmp_path / "two") as two,
     ):
         await asyncio.gather(ready(one), ready(two))
         key, workspace_id = await _account(one)
-        names = []
-        toolset_id = await db.fetchval(
-            "INSERT INTO toolsets (workspace_id, name) VALUES ($1, 'shared') RETURNING id",
-            workspace_id,
-        )
-        for position, url in enumerate([sdk_stateful, sdk_stateless, sdk_sse_url]):
-            name = f"member-{position}"
-            server_id = await db.fetchval(
-                "INSERT INTO servers (workspace_id, name, url) VALUES ($1, $2, $3) RETURNING id",
-                workspace_id,
-                name,
-                url,
-            )
-            await db.execute(
-                "INSERT INTO toolset_servers (toolset_id, server_id, position) VALUES ($1, $2, $3)",
-                toolset_id,
-                server_id,
-                position,
-            )
-            names.append(name)
-        async with alternating([one, two]) as (balancer, served):
-            url = f"{balancer}/api/v1/toolsets/{toolset_id}/mcp"
-            async with sdk_client(url, key, mode) as client:
-                listed = await client.list_tools()
-                results = [
-                    await client.call_tool(f"{prefix(name)}add", {"a": i, "b": 1})
-                    for i in range(2)
-                    for name in names
-                ]
-    assert {f"{prefix(name)}add" for name in names} <= {tool.name for tool in listed.tools}
-    assert [r.structured_content for r in results] == [{"result": 1}] * 3 + [{"result": 2}] * 3
-    assert not any(r.is_error for r in results)
-    assert served[one] >= 3 and served[two] >= 3, served
+        members = [sdk_stateful, sdk_stateless, sdk_sse_url]
+        toolset_id, names = await arrange_shared_toolset(db, workspace_id, members)
+        async with (
+            aiohttp.ClientSession(one) as first,
+            aiohttp.ClientSession(two) as second,
+            alternating([first, second]) as (balancer, served),
+        ):
+            await use_toolset(f"{balancer}/api/v1/toolsets/{toolset_id}/mcp", key, mode, names)
+    assert served[0] >= 3 and served[1] >= 3, served
+    rows = await logged_calls(db, 6)
+    assert {row["status"] for row in rows} == {"success"}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_toolset_session_works_whichever_worker_answers(
+    database_url: str,
+    db: asyncpg.Connection,
+    tmp_path: Path,
+    sdk_stateful: str,
+    sdk_stateless: str,
+    sdk_sse_url: str,
+    mode: str,
+) -> None:
+    """`serve --workers 2`: each request goes to the other worker than the one before (a
+    connection pinned to each, tests/helpers/supervised.py)."""
+    async with supervised_gateway(database_url, tmp_path) as supervised:
+        key, workspace_id = await _account(supervised.url)
+        members = [sdk_stateful, sdk_stateless, sdk_sse_url]
+        toolset_id, names = await arrange_shared_toolset(db, workspace_id, members)
+        async with one_per_worker(supervised.url) as pinned:
+            sessions = [pinned[worker].session for worker in sorted(pinned)]
+            async with alternating(sessions) as (balancer, served):
+                url = f"{balancer}/api/v1/toolsets/{toolset_id}/mcp"
+                await use_toolset(url, key, mode, names)
+            for each in pinned.values():
+                assert len(each.opened) == 1, "a second connection: another worker?"
+    assert served[0] >= 3 and served[1] >= 3, served
     rows = await logged_calls(db, 6)
     assert {row["status"] for row in rows} == {"success"}
 
