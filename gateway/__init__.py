@@ -20,8 +20,9 @@ The packages (each opens with its job):
                  governing (the proxy's side of policy: refusals, cut tool lists), and tasks
                  (calls that became tasks, logged when a reply in any process ends them)
     toolsets/    one MCP endpoint over several servers: the endpoint, the names it exposes
-                 (names), sessions sealed inside their ids (sessions), toolsets and their
-                 name index cached in-process (registry)
+                 (names), sessions sealed inside their ids (sessions), the members' own
+                 sessions (members), toolsets and their name index cached in-process
+                 (registry)
     policy/      governed access: rules (permissions, tool globs, rate limits), the
                  decision per request (decisions), budgets shared by every process, and
                  tools/list filtering (tool_lists)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
@@ -53,9 +54,8 @@ from gateway.proxy.tasks import task_follower_context
 from gateway.security.secretbox import SECRET_BOX, SecretBox
 from gateway.security.untrusted_schemas import SCHEMA_CHECKER, SchemaChecker
 from gateway.toolsets import endpoint as toolset_endpoint
-from gateway.toolsets.endpoint import TOOLSET_ENDPOINT, ToolsetEndpoint
-from gateway.toolsets.registry import Toolsets
-from gateway.toolsets.sessions import Sealer
+from gateway.toolsets.endpoint import ToolsetEndpoint
+from gateway.toolsets.registry import TOOLSETS, Toolsets
 from gateway.upstreams.servers import UPSTREAMS, Upstreams
 from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS, ToolLists
 
@@ -118,11 +118,8 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     )
     app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
-    toolsets = Toolsets(
+    app[TOOLSETS] = Toolsets(
         pool, app[CACHES], app[UPSTREAMS], index_seconds=settings.tools_cache_seconds
-    )
-    app[TOOLSET_ENDPOINT] = ToolsetEndpoint(
-        toolsets, Sealer(settings.secret_keys), service_version()
     )
     yield
     await pool.close()
@@ -238,4 +235,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     # After the cleanup contexts' own start (aiohttp runs them first), which make its parts.
     app.on_startup.append(proxy.Proxying.setup)
+    app.on_startup.append(
+        functools.partial(ToolsetEndpoint.setup, server_version=service_version())
+    )
     return app

@@ -19,7 +19,8 @@ from gateway.db.bounds import AtBound
 from gateway.errors import BoundReached, NotFound, ValidationFailed
 from gateway.keys import POOL, SETTINGS
 from gateway.proxy.handler import PROXYING
-from gateway.toolsets.endpoint import TOOLSET_ENDPOINT, TOOLSET_PATH
+from gateway.toolsets.endpoint import TOOLSET_PATH
+from gateway.toolsets.registry import TOOLSETS
 from gateway.upstreams.tool_lists import TOOL_LISTS
 
 routes = Routes("toolsets")
@@ -221,7 +222,7 @@ async def get_toolset(request: web.Request, toolset_id: uuid.UUID) -> dict[str, 
     if toolset is None:
         raise NotFound("toolset not found")
     # This process at once; the others when they hear the NOTIFY.
-    request.app[TOOLSET_ENDPOINT].toolsets.forget(toolset_id)
+    request.app[TOOLSETS].forget(toolset_id)
     return _out(request, toolset)
 
 
@@ -252,7 +253,7 @@ async def update_toolset(
     if toolset is None:
         raise NotFound("toolset not found")
     # This process at once; the others when they hear the NOTIFY.
-    request.app[TOOLSET_ENDPOINT].toolsets.forget(toolset_id)
+    request.app[TOOLSETS].forget(toolset_id)
     return _out(request, toolset)
 
 
@@ -261,7 +262,7 @@ async def delete_toolset(request: web.Request, toolset_id: uuid.UUID) -> None:
     """Its member servers stay as they are; its MCP endpoint answers 404 from then on."""
     if not await toolsets_db.delete(request.app[POOL], request[PRINCIPAL].workspace_id, toolset_id):
         raise NotFound("toolset not found")
-    request.app[TOOLSET_ENDPOINT].toolsets.forget(toolset_id)
+    request.app[TOOLSETS].forget(toolset_id)
 
 
 # -- the tools it exposes -------------------------------------------------------------------------
@@ -284,7 +285,7 @@ async def list_toolset_tools(request: web.Request, toolset_id: uuid.UUID) -> dic
     for every member at once; a member that cannot be listed (unreachable, failing, too slow,
     a list over the bounds) is in `unavailable` with the reason, and the others are listed."""
     workspace_id = request[PRINCIPAL].workspace_id
-    toolsets = request.app[TOOLSET_ENDPOINT].toolsets
+    toolsets = request.app[TOOLSETS]
     toolset = await toolsets.get(toolset_id, workspace_id)
     if toolset is None:
         raise NotFound("toolset not found")

@@ -18,31 +18,26 @@ that keeps sessions opens one for that request and ends it after.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 from pydantic import Field
 
 from gateway.accounts.access import MCP, PRINCIPAL, Access, Principal
 from gateway.api.routing import Routes, read_bytes
 from gateway.db import pending_tasks as pending_tasks_db
-from gateway.errors import BadGateway, GatewayTimeout, JsonRpcRefusal, NotFound, PayloadTooLarge
+from gateway.errors import JsonRpcRefusal, NotFound, PayloadTooLarge
 from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.client import (
     HANDSHAKE_PROTOCOL_VERSION,
     MODERN_PROTOCOL_VERSION,
-    McpClient,
-    end_session,
 )
-from gateway.mcp.errors import McpError
-from gateway.mcp.headers import header_text, header_value, param_header_map, param_headers
+from gateway.mcp.headers import header_text, param_header_map, param_headers
 from gateway.policy import decisions
 from gateway.proxy import cors
 from gateway.proxy.governing import HEADER_MISMATCH, govern, refusal
@@ -56,23 +51,23 @@ from gateway.proxy.handler import (
     UpstreamReply,
     forward,
 )
-from gateway.proxy.headers import PASS_BACK, upstream_headers
+from gateway.proxy.headers import PASS_BACK
 from gateway.proxy.requests import (
     UNNAMED_TOOL,
     ToolCallSeen,
     UnreadableRequest,
     tool_calls_in,
 )
+from gateway.toolsets.members import Members, forwarded, modern
 from gateway.toolsets.names import Exposed
-from gateway.toolsets.registry import Listing, Toolset, Toolsets
+from gateway.toolsets.registry import TOOLSETS, Listing, Toolset, Toolsets
 from gateway.toolsets.sessions import (
-    MemberSession,
     Sealer,
     Session,
     caller,
     kept_capabilities,
 )
-from gateway.upstreams.servers import Upstream
+from gateway.upstreams.servers import UPSTREAMS, Upstream
 from gateway.upstreams.tool_lists import TOOL_LISTS
 
 log = logging.getLogger(__name__)
@@ -89,9 +84,6 @@ NotKnown = Annotated[
 
 # The 2025 revisions a session may speak; an initialize asking for another gets the latest.
 _SESSION_VERSIONS: Final = frozenset({"2025-03-26", "2025-06-18", HANDSHAKE_PROTOCOL_VERSION})
-_META_PROTOCOL_VERSION: Final = "io.modelcontextprotocol/protocolVersion"
-_META_CLIENT_INFO: Final = "io.modelcontextprotocol/clientInfo"
-_META_CLIENT_CAPABILITIES: Final = "io.modelcontextprotocol/clientCapabilities"
 _CAPABILITIES: Final = {"tools": {"listChanged": False}}
 # JSON-RPC codes of the MCP transport (as the SDK servers answer them).
 _INVALID_REQUEST: Final = -32600
@@ -113,38 +105,28 @@ _UNKNOWN_TASK: Final = {
     "tasks/update": "Failed to update task: Task not found",
 }
 _NAMED_BY_TASK: Final = frozenset({"tasks/get", "tasks/cancel", "tasks/update"})
-# Members known to need no session, at most (then forgotten, and learnt again).
-_SESSIONLESS_KEPT: Final = 10_000
 # A member's reply keeps its own session id: the client's is the toolset's.
 _PASS_BACK: Final = tuple(name for name in PASS_BACK if name.lower() != "mcp-session-id")
 
 
 class ToolsetEndpoint:
-    """What the endpoint uses: the toolsets, the session sealer, and what it learnt of members
-    that need no session."""
+    """What the endpoint uses: the toolsets, the session sealer, how to reach members."""
 
-    def __init__(self, toolsets: Toolsets, sealer: Sealer, server_version: str) -> None:
+    def __init__(
+        self, toolsets: Toolsets, sealer: Sealer, members: Members, server_version: str
+    ) -> None:
         self.toolsets = toolsets
         self.sealer = sealer
+        self.members = members
         self.server_version = server_version
-        # (server id, url) -> how to reach a member that issued no session (a 2026-07-28 or
-        # a stateless server): a client without a session with it then needs no handshake.
-        self._sessionless: dict[tuple[uuid.UUID, str], MemberSession] = {}
 
-    def sessionless(self, upstream: Upstream) -> MemberSession | None:
-        return self._sessionless.get((upstream.id, upstream.url))
-
-    def learnt(self, upstream: Upstream, member: MemberSession) -> None:
-        key = (upstream.id, upstream.url)
-        if member.session_id is not None:
-            self._sessionless.pop(key, None)
-            return
-        if len(self._sessionless) >= _SESSIONLESS_KEPT:
-            self._sessionless.clear()
-        self._sessionless[key] = member
-
-    def forget(self, upstream: Upstream) -> None:
-        self._sessionless.pop((upstream.id, upstream.url), None)
+    @classmethod
+    async def setup(cls, app: web.Application, *, server_version: str) -> None:
+        """on_startup, once the cleanup contexts have made the HTTP client."""
+        settings = app[SETTINGS]
+        members = Members(app[HTTP], app[UPSTREAMS], settings.proxy_timeout_seconds)
+        sealer = Sealer(settings.secret_keys)
+        app[TOOLSET_ENDPOINT] = cls(app[TOOLSETS], sealer, members, server_version)
 
 
 TOOLSET_ENDPOINT: web.AppKey[ToolsetEndpoint] = web.AppKey("toolset_endpoint")
@@ -352,10 +334,10 @@ async def _initialize(
     version = asked if asked in _SESSION_VERSIONS else HANDSHAKE_PROTOCOL_VERSION
     upstreams = [
         upstream
-        for upstream in await _members(request, toolset)
+        for upstream in await endpoint.members.of(toolset)
         if _may_use(principal, upstream.id)
     ]
-    opened = await asyncio.gather(*(_open(request, upstream) for upstream in upstreams))
+    opened = await asyncio.gather(*(endpoint.members.open(upstream) for upstream in upstreams))
     info = params.get("clientInfo")
     session = Session(
         toolset_id=toolset.id,
@@ -375,34 +357,6 @@ async def _initialize(
     return response
 
 
-async def _members(request: web.Request, toolset: Toolset) -> list[Upstream]:
-    """The toolset's member servers as the gateway reaches them, in order."""
-    upstreams = request.app[PROXYING].upstreams
-    found = []
-    for member in toolset.members:
-        upstream = await upstreams.get(member.server_id, toolset.workspace_id)
-        if upstream is not None:
-            found.append(upstream)
-    return found
-
-
-async def _open(request: web.Request, upstream: Upstream) -> MemberSession | None:
-    """A session with a member (None when it cannot be reached now)."""
-    timeout = request.app[SETTINGS].proxy_timeout_seconds
-    client = McpClient(request.app[HTTP], upstream.url, upstream.auth_headers, timeout)
-    try:
-        async with asyncio.timeout(timeout):
-            await client.connect()
-    except (McpError, TimeoutError) as exc:
-        log.info("toolset member %s not reached at initialize: %s", upstream.id, exc)
-        await client.close()
-        return None
-    version, session_id = client.keep_session()
-    member = MemberSession(upstream.id, version or HANDSHAKE_PROTOCOL_VERSION, session_id)
-    request.app[TOOLSET_ENDPOINT].learnt(upstream, member)
-    return member
-
-
 async def _end(
     request: web.Request,
     endpoint: ToolsetEndpoint,
@@ -412,22 +366,7 @@ async def _end(
 ) -> web.Response:
     """DELETE: the member sessions end with the client's."""
     session = _session(request, endpoint, toolset, principal, None)
-    upstreams = {upstream.id: upstream for upstream in await _members(request, toolset)}
-    timeout = min(proxying.timeout_seconds, 3.0)
-    await asyncio.gather(
-        *(
-            end_session(
-                proxying.http,
-                upstreams[member.server_id].url,
-                CIMultiDict(upstreams[member.server_id].auth_headers),
-                member.session_id,
-                member.protocol_version,
-                timeout,
-            )
-            for member in session.members
-            if member.session_id is not None and member.server_id in upstreams
-        )
-    )
+    await endpoint.members.end(await endpoint.members.of(toolset), session)
     return web.Response(status=200, headers=_cors(request))
 
 
@@ -499,13 +438,13 @@ async def _call(
     # A tool the caller may not call is refused (and logged) by the rules below, as in the
     # proxy, though its tools/list does not show it.
     upstream = listing.upstreams[tool.server_id]
-    async with _reached(endpoint, proxying, upstream, session) as member:
+    async with endpoint.members.reached(upstream, session) as member:
         params["name"] = tool.tool_name
-        body, headers = _forwarded(
+        body, headers = forwarded(
             request, message, params, tool.tool_name, member, upstream, session
         )
         arguments = params.get("arguments")
-        if session is not None and _modern(member) and isinstance(arguments, Mapping):
+        if session is not None and modern(member) and isinstance(arguments, Mapping):
             # A 2026-07-28 client sends these itself; a 2025-era one's session speaks for it.
             mirrored = param_header_map(tool.tool.get("inputSchema"))
             headers.update(param_headers(mirrored, arguments))
@@ -538,7 +477,7 @@ async def _call(
             toolset_id=toolset.id,
             pass_back=_PASS_BACK,
         )
-        _learn(endpoint, upstream, member, response)
+        endpoint.members.answered(upstream, member, response)
         return response
 
 
@@ -562,7 +501,7 @@ async def _about_task(
     task_id = params.get("taskId")
     if not isinstance(task_id, str):
         return _error(request, rid, _INVALID_PARAMS, "Invalid params: the task id is missing")
-    upstreams = await _members(request, toolset)
+    upstreams = await endpoint.members.of(toolset)
     held_by = await pending_tasks_db.holder(
         request.app[POOL], task_id, [upstream.id for upstream in upstreams], toolset.id
     )
@@ -575,9 +514,9 @@ async def _about_task(
     except decisions.Refused as refused:
         # As a call to that member is refused: to the request's id (it logs no row).
         raise refusal(refused, [ToolCallSeen(UNNAMED_TOOL, rid)], to_calls=True) from None
-    async with _reached(endpoint, proxying, upstream, session) as member:
+    async with endpoint.members.reached(upstream, session) as member:
         name = task_id if method in _NAMED_BY_TASK else None
-        body, headers = _forwarded(request, message, params, name, member, upstream, session)
+        body, headers = forwarded(request, message, params, name, member, upstream, session)
         try:
             calls = tool_calls_in(body)  # the proxy's reading: tasks/update ends nothing
         except UnreadableRequest as exc:
@@ -593,92 +532,8 @@ async def _about_task(
             toolset_id=toolset.id,
             pass_back=_PASS_BACK,
         )
-        _learn(endpoint, upstream, member, response)
+        endpoint.members.answered(upstream, member, response)
         return response
-
-
-@contextlib.asynccontextmanager
-async def _reached(
-    endpoint: ToolsetEndpoint, proxying: Proxying, upstream: Upstream, session: Session | None
-) -> AsyncIterator[MemberSession]:
-    """How this request reaches the member: the client's session with it, or what the gateway
-    learnt of a member that needs none, or else a session for this request only (a 2026-07-28
-    client, or a member not reached at initialize), ended once its reply has passed."""
-    member = None if session is None else session.member(upstream.id)
-    if member is None:
-        member = endpoint.sessionless(upstream)
-    if member is not None:
-        yield member
-        return
-    one_off = McpClient(
-        proxying.http, upstream.url, upstream.auth_headers, proxying.timeout_seconds
-    )
-    member = await _one_off(one_off, upstream, proxying.timeout_seconds)
-    endpoint.learnt(upstream, member)
-    try:
-        yield member
-    finally:
-        await one_off.close()
-
-
-def _learn(
-    endpoint: ToolsetEndpoint,
-    upstream: Upstream,
-    member: MemberSession,
-    response: web.StreamResponse,
-) -> None:
-    if response.status in (400, 404) and member.session_id is None:
-        endpoint.forget(upstream)  # it may want a session now: the next request will see
-
-
-async def _one_off(client: McpClient, upstream: Upstream, seconds: float) -> MemberSession:
-    """A member reached for one request (the caller closes the client once it is done)."""
-    try:
-        async with asyncio.timeout(seconds):
-            await client.connect()
-    except TimeoutError:
-        await client.close()
-        raise GatewayTimeout(f"the server did not answer within {seconds:g} s") from None
-    except McpError as exc:
-        await client.close()
-        raise BadGateway(f"cannot reach the server: {exc}") from None
-    version = client.protocol_version or HANDSHAKE_PROTOCOL_VERSION
-    return MemberSession(upstream.id, version, client.session_id)
-
-
-def _modern(member: MemberSession) -> bool:
-    return member.protocol_version == MODERN_PROTOCOL_VERSION
-
-
-def _forwarded(
-    request: web.Request,
-    message: dict[str, Any],
-    params: dict[str, Any],
-    name: str | None,
-    member: MemberSession,
-    upstream: Upstream,
-    session: Session | None,
-) -> tuple[bytes, CIMultiDict[str]]:
-    """The request as the member takes it, with `params` (a tool's own name): the server's
-    credentials, the member's version and session, and for a 2026-07-28 member what that era
-    wants in headers (`Mcp-Name`: `name`) and in `_meta` (a 2025-era client's session says who
-    the client is)."""
-    headers = upstream_headers(request.headers, upstream.auth_headers)
-    headers["MCP-Protocol-Version"] = member.protocol_version
-    headers.popall("Mcp-Session-Id", None)
-    if member.session_id is not None:
-        headers["Mcp-Session-Id"] = member.session_id
-    if _modern(member):
-        headers["Mcp-Method"] = message["method"]
-        if name is not None:
-            headers["Mcp-Name"] = header_value(name)
-        if session is not None:
-            meta = dict(params.get("_meta") or {})
-            meta.setdefault(_META_PROTOCOL_VERSION, MODERN_PROTOCOL_VERSION)
-            meta.setdefault(_META_CLIENT_INFO, session.client_info)
-            meta.setdefault(_META_CLIENT_CAPABILITIES, session.client_capabilities)
-            params["_meta"] = meta
-    return orjson.dumps({**message, "params": params}), headers
 
 
 def _result(request: web.Request, rid: Any, result: dict[str, Any], modern: bool) -> web.Response:

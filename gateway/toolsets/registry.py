@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 import asyncpg
+from aiohttp import web
 
 from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import toolsets as toolsets_db
@@ -184,3 +185,8 @@ class Toolsets:
                 for m in row.members
             ),
         )
+
+
+# Every toolset as the endpoint and the API read them (made with the caches, before the
+# listener starts: NOTIFY must reach it from the first request on).
+TOOLSETS: web.AppKey[Toolsets] = web.AppKey("toolsets")
