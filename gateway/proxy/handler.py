@@ -68,7 +68,7 @@ routes = Routes("proxy")
 
 PROXY_PATH = "/proxy/{server_id}/mcp"
 
-# Non-streamed replies up to this size are read whole and sent in one write (see _buffered).
+# Non-streamed replies up to this size are read whole and sent in one write (see _exchange).
 _BUFFERED_REPLY_BYTES = 1 << 20
 # How often an idle server-initiated (GET) stream checks that its client is still there.
 _CLIENT_CHECK_SECONDS = 15.0
@@ -391,7 +391,20 @@ async def _exchange(
             filtered.bare = content_type is None
             return filtered
         if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
-            buffered = await _buffered(request, proxying, upstream, reply, headers, outcome)
+            # Most tools/call answers: a small JSON reply of known length, read whole and sent
+            # in one write. Nothing has been sent yet when the upstream fails here, so the
+            # caller gets a 502. (Here rather than in a coroutine of its own: each level of
+            # coroutines costs every proxied call at each of its awaits.)
+            try:
+                body = await reply.read()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise _failed_read(outcome, exc, timeout_seconds) from None
+            handles = _read_whole(outcome, body)
+            if handles:
+                await _follow(request, proxying, upstream, outcome, handles)
+            if outcome.calls:
+                _delivered(request, outcome)
+            buffered = UpstreamResponse(body=body, status=reply.status, headers=headers)
             buffered.bare = content_type is None
             return buffered
         outcome.answered_at = time.perf_counter()  # (a buffered reply: read_at)
@@ -413,32 +426,21 @@ async def _exchange(
     return response
 
 
-async def _buffered(
-    request: web.Request,
-    proxying: Proxying,
-    upstream: Upstream,
-    reply: aiohttp.ClientResponse,
-    headers: CIMultiDict[str],
-    outcome: Outcome,
-) -> UpstreamResponse:
-    """A small JSON reply of known length is read whole and sent in one write: most tools/call
-    answers. Nothing has been sent yet when the upstream fails here, so the caller gets a 502."""
-    try:
-        body = await reply.read()
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise _failed_read(outcome, exc, proxying.timeout_seconds) from None
+def _read_whole(outcome: Outcome, body: bytes) -> Sequence[ToolCallSeen]:
+    """A reply read whole: its calls judged by it. Returns those it turned into tasks."""
     outcome.read_at = time.perf_counter()
     outcome.size = len(body)
-    if outcome.calls:
-        handles = read_reply(outcome.calls, body)
-        if handles:
-            await _follow(request, proxying, upstream, outcome, handles)
-        if _caller_gone(request):
-            outcome.cancelled = True  # it waited for the upstream, then hung up
-        else:
-            for call in outcome.calls:
-                call.relayed = call.answered
-    return UpstreamResponse(body=body, status=reply.status, headers=headers)
+    return read_reply(outcome.calls, body) if outcome.calls else ()
+
+
+def _delivered(request: web.Request, outcome: Outcome) -> None:
+    """The reply's responses reach the caller, unless it waited for the upstream and then
+    hung up."""
+    if _caller_gone(request):
+        outcome.cancelled = True
+    else:
+        for call in outcome.calls:
+            call.relayed = call.answered
 
 
 async def _filtered(
