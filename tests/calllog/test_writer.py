@@ -476,8 +476,8 @@ async def test_bad_rows_are_set_aside_and_the_rest_of_their_batch_written_at_onc
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """One tenant's unstorable rows in the middle of another's load: the batch is split, every
-    good row is stored within a second, each bad row is logged once with its workspace and
-    counted, and nothing is retried."""
+    good row is stored at once (nothing waits for a retry: no failure is counted), each bad row
+    is logged once with its workspace and counted."""
     workspace, (server, _) = servers
     other_workspace = await db.fetchval(
         "INSERT INTO workspaces (name, slug) VALUES ('o', $1) RETURNING id",
@@ -496,7 +496,7 @@ async def test_bad_rows_are_set_aside_and_the_rest_of_their_batch_written_at_onc
         if i % 250 == 100:
             log.add(bad[i // 250])
     started = time.monotonic()
-    while time.monotonic() - started < 1.0:
+    while time.monotonic() - started < 30.0:  # a hang guard: the stats below say "at once"
         if await db.fetchval("SELECT count(*) FROM tool_calls") == len(good):
             break
         await asyncio.sleep(0.01)
