@@ -26,6 +26,7 @@ from typing import Annotated, Any, Final
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 from pydantic import Field
 
 from gateway.accounts.access import MCP, PRINCIPAL, Access, Principal
@@ -40,7 +41,7 @@ from gateway.mcp.client import (
 from gateway.mcp.headers import header_text, param_header_map, param_headers
 from gateway.policy import decisions
 from gateway.proxy import cors
-from gateway.proxy.governing import HEADER_MISMATCH, govern, refusal
+from gateway.proxy.governing import HEADER_MISMATCH, Filtering, govern, refusal
 from gateway.proxy.handler import (
     PROXYING,
     JsonRpcErrorResponse,
@@ -62,6 +63,7 @@ from gateway.toolsets.members import Members, forwarded, modern
 from gateway.toolsets.names import Exposed
 from gateway.toolsets.registry import TOOLSETS, Listing, Toolset, Toolsets
 from gateway.toolsets.sessions import (
+    MemberSession,
     Sealer,
     Session,
     caller,
@@ -380,21 +382,18 @@ def _may_use(principal: Principal, server_id: uuid.UUID) -> bool:
 
 def _visible(listing: Listing, principal: Principal) -> list[Exposed]:
     """The tools this caller may call: of the members its key may use, within its allowed
-    tools and outside each server's disabled ones."""
+    tools and outside each server's disabled ones (each member's rules looked at once)."""
+    filters = {
+        server_id: decisions.tool_filter(principal.rules, upstream.rules)
+        for server_id, upstream in listing.upstreams.items()
+        if _may_use(principal, server_id)
+    }
     return [
         tool
         for tool in listing.merged.tools
-        if _callable(principal, listing.upstreams[tool.server_id], tool)
+        if tool.server_id in filters
+        and ((allowed := filters[tool.server_id]) is None or allowed(tool.tool_name))
     ]
-
-
-def _callable(principal: Principal, upstream: Upstream, tool: Exposed) -> bool:
-    if principal.rules is None and upstream.rules is None:
-        return True
-    if not _may_use(principal, upstream.id):
-        return False
-    allowed = decisions.tool_filter(principal.rules, upstream.rules)
-    return allowed is None or allowed(tool.tool_name)
 
 
 def _listed(tool: Exposed) -> dict[str, Any]:
@@ -465,20 +464,10 @@ async def _call(
                 started,
                 toolset_id=toolset.id,
             )
-        response = await forward(
-            request,
-            proxying,
-            upstream,
-            headers,
-            body,
-            calls,
-            started,
-            filtering,
-            toolset_id=toolset.id,
-            pass_back=_PASS_BACK,
-        )
-        endpoint.members.answered(upstream, member, response)
-        return response
+        return await _send(
+            request, endpoint, proxying, toolset, upstream, member, headers, body, calls,
+            started, filtering,
+        )  # fmt: skip
 
 
 async def _about_task(
@@ -521,19 +510,41 @@ async def _about_task(
             calls = tool_calls_in(body)  # the proxy's reading: tasks/update ends nothing
         except UnreadableRequest as exc:
             raise JsonRpcRefusal(400, exc.code, exc.message, _rid(rid)) from None
-        response = await forward(
-            request,
-            proxying,
-            upstream,
-            headers,
-            body,
-            calls,
-            started,
-            toolset_id=toolset.id,
-            pass_back=_PASS_BACK,
-        )
-        endpoint.members.answered(upstream, member, response)
-        return response
+        return await _send(
+            request, endpoint, proxying, toolset, upstream, member, headers, body, calls,
+            started, None,
+        )  # fmt: skip
+
+
+async def _send(
+    request: web.Request,
+    endpoint: ToolsetEndpoint,
+    proxying: Proxying,
+    toolset: Toolset,
+    upstream: Upstream,
+    member: MemberSession,
+    headers: CIMultiDict[str],
+    body: bytes,
+    calls: list[ToolCallSeen],
+    started: float,
+    filtering: Filtering | None,
+) -> web.StreamResponse:
+    """The request, as the member takes it, through the proxy's exchange: the reply relayed,
+    its calls logged with the toolset's id, and what the member's answer says of it learnt."""
+    response = await forward(
+        request,
+        proxying,
+        upstream,
+        headers,
+        body,
+        calls,
+        started,
+        filtering,
+        toolset_id=toolset.id,
+        pass_back=_PASS_BACK,
+    )
+    endpoint.members.answered(upstream, member, response)
+    return response
 
 
 def _result(request: web.Request, rid: Any, result: dict[str, Any], modern: bool) -> web.Response:
