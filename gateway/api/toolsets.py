@@ -221,8 +221,6 @@ async def get_toolset(request: web.Request, toolset_id: uuid.UUID) -> dict[str, 
     toolset = await toolsets_db.get(request.app[POOL], request[PRINCIPAL].workspace_id, toolset_id)
     if toolset is None:
         raise NotFound("toolset not found")
-    # This process at once; the others when they hear the NOTIFY.
-    request.app[TOOLSETS].forget(toolset_id)
     return _out(request, toolset)
 
 

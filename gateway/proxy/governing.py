@@ -62,7 +62,7 @@ async def govern(
             names = [call.name for call in calls]
             decisions.check_tools(key, upstream.rules, names)
             if toolset_id is None:
-                check_mcp_name(request, names)
+                _check_mcp_name(request, names)
             await decisions.take_calls(budgets, key, upstream.rules, len(calls))
     except decisions.Refused as refused:
         _log_refusal(request, call_log, upstream, calls, refused, started, toolset_id)
@@ -75,7 +75,7 @@ async def govern(
     return None if ids is None else Filtering(ids, visible)
 
 
-def check_mcp_name(request: web.Request, names: list[str]) -> None:
+def _check_mcp_name(request: web.Request, names: list[str]) -> None:
     """A 2026-07-28 call names its tool in a header too; a server that routes by the header
     must not run another tool than the one the rules were checked against."""
     header = request.headers.get("Mcp-Name")

@@ -63,9 +63,6 @@ class Listing:
     # The members as reached: server id -> upstream (a member deleted meanwhile is absent).
     upstreams: dict[uuid.UUID, Upstream]
 
-    def by_name(self) -> dict[str, Exposed]:
-        return {tool.name: tool for tool in self.merged.tools}
-
 
 class Toolsets:
     """toolset id -> Toolset, and toolset id -> the Listing its names route by."""
@@ -143,7 +140,8 @@ class Toolsets:
                     tools = [tool for tool in tools if not disabled.match(tool["name"])]
                 lists.append((member, tools))
         listing = Listing(merge(lists), unavailable, upstreams)
-        self._indexes[toolset.id] = (listing, listing.by_name(), time.monotonic())
+        by_name = {tool.name: tool for tool in listing.merged.tools}
+        self._indexes[toolset.id] = (listing, by_name, time.monotonic())
         return listing
 
     async def find(
