@@ -141,7 +141,7 @@ TOOLSET_ENDPOINT: web.AppKey[ToolsetEndpoint] = web.AppKey("toolset_endpoint")
     access=MCP,
     request_body=JsonRpcMessage,
     response=UpstreamReply,
-    errors=(400, 403, 404, 413, 429, 502, 503, 504),
+    errors=(400, 403, 404, 408, 413, 415, 429, 502, 503, 504),
     error_bodies={
         400: JsonRpcErrorResponse,
         403: RuledOut,
