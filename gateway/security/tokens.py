@@ -1,5 +1,5 @@
-"""Access tokens (JWT, HS256, scoped to one workspace), opaque refresh tokens, invitation
-tokens and email verification tokens."""
+"""Access tokens (JWT, HS256, scoped to one workspace), OAuth access tokens (JWT, bound to one
+MCP URL), opaque refresh tokens, invitation tokens and email verification tokens."""
 
 from __future__ import annotations
 
@@ -79,6 +79,70 @@ def read_access_token(secret: str, token: str) -> AccessClaims:
         return AccessClaims(uuid.UUID(payload["sub"]), uuid.UUID(payload["wid"]))
     except ValueError:
         raise InvalidToken(invalid) from None
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthClaims:
+    """An OAuth access token's: the grant it was issued under (gateway/oauth), who consented,
+    where, and the one MCP URL it is good for (its audience, RFC 8707)."""
+
+    grant_id: uuid.UUID
+    user_id: uuid.UUID
+    workspace_id: uuid.UUID
+    resource: str
+
+
+_OAUTH_ACCESS = "oauth_access"
+
+
+def issue_oauth_token(secret: str, ttl_seconds: int, claims: OAuthClaims, issuer: str) -> str:
+    subject = {
+        "gid": str(claims.grant_id),
+        "sub": str(claims.user_id),
+        "wid": str(claims.workspace_id),
+        "aud": claims.resource,
+        "iss": issuer,
+    }
+    return _issue(secret, _OAUTH_ACCESS, ttl_seconds, subject)
+
+
+def read_oauth_token(secret: str, token: str, resource: str) -> OAuthClaims:
+    """The claims of an OAuth access token good for `resource`; a token of another kind, or
+    for another MCP URL, is InvalidToken."""
+    invalid = "invalid OAuth access token"
+    try:
+        payload: dict[str, Any] = jwt.decode(
+            token,
+            secret,
+            algorithms=["HS256"],
+            audience=resource,
+            options={"require": ["exp", "aud", "gid", "sub", "wid"]},
+        )
+    except jwt.ExpiredSignatureError:
+        raise InvalidToken("OAuth access token expired") from None
+    except jwt.InvalidAudienceError:
+        raise InvalidToken("this OAuth access token is for another resource") from None
+    except jwt.PyJWTError:
+        raise InvalidToken(invalid) from None
+    if payload.get("type") != _OAUTH_ACCESS:
+        raise InvalidToken(invalid)
+    try:
+        return OAuthClaims(
+            uuid.UUID(payload["gid"]),
+            uuid.UUID(payload["sub"]),
+            uuid.UUID(payload["wid"]),
+            payload["aud"],
+        )
+    except (TypeError, ValueError):
+        raise InvalidToken(invalid) from None
+
+
+def is_oauth_token(token: str) -> bool:
+    """Whether a bearer JWT is an OAuth access token (unverified: which reader to use)."""
+    try:
+        return jwt.decode(token, options={"verify_signature": False}).get("type") == _OAUTH_ACCESS
+    except jwt.PyJWTError:
+        return False
 
 
 def new_opaque_token() -> str:
