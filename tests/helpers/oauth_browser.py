@@ -1,0 +1,149 @@
+"""OAuth consent in a real browser, in tests: the person at Chromium who signs in to the
+dashboard when asked and answers the consent page, and the client's loopback redirect URI
+(RFC 8252) that takes the authorization response.
+
+`Consent` gives the official SDK's `OAuthClientProvider` its two handlers: `redirect_handler`
+opens the authorization URL in a fresh Chromium context (no cookies: the person signs in
+through the login page), answers the consent page, and follows the redirect to the loopback
+server; `callback_handler` returns what reached that server (code, state, iss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from mcp.client.auth import AuthorizationCodeResult, OAuthFlowError
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+from tests.helpers.chromium import ARTIFACTS, playwright_api
+from tests.helpers.upstreams import serve_loopback
+
+# Each browser step waits at most this long (ms), so a page that never shows what the person
+# looks for fails the test quickly instead of at pytest's timeout.
+_STEP_MS = 10_000
+_CALLBACK_SECONDS = 15.0
+
+
+class Redirected(OAuthFlowError):
+    """The authorization response was an error (`error=access_denied` after Deny, say)."""
+
+    def __init__(self, query: dict[str, str]) -> None:
+        super().__init__(f"authorization failed: {query}")
+        self.query = query
+
+
+class LoopbackRedirect:
+    """A native client's redirect URI, `http://127.0.0.1:<port>/callback`: each request that
+    reaches it is an authorization response, queued for the client."""
+
+    def __init__(self) -> None:
+        self.base_url = ""
+        self.responses: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+
+    @property
+    def redirect_uri(self) -> str:
+        return f"{self.base_url}/callback"
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.responses.put_nowait(dict(request.query))
+        return web.Response(text="You may close this window.", content_type="text/plain")
+
+    async def next_response(self) -> dict[str, str]:
+        return await asyncio.wait_for(self.responses.get(), _CALLBACK_SECONDS)
+
+
+@contextlib.asynccontextmanager
+async def loopback_redirect() -> AsyncIterator[LoopbackRedirect]:
+    redirect = LoopbackRedirect()
+    app = web.Application()
+    app.router.add_get("/callback", redirect._handle)
+    async with serve_loopback(app) as base_url:
+        redirect.base_url = base_url
+        yield redirect
+
+
+class Consent:
+    """A person (an account's email, password123) at Chromium answering consent pages with
+    `answer` ("Allow" or "Deny"); what each consent page said is kept in `pages`."""
+
+    def __init__(
+        self,
+        chromium: Any,
+        redirect: LoopbackRedirect,
+        email: str,
+        *,
+        password: str = "password123",
+        answer: str = "Allow",
+        photograph: str | None = None,
+    ) -> None:
+        self.chromium = chromium
+        self.redirect = redirect
+        self.email = email
+        self.password = password
+        self.answer = answer
+        self.photograph = photograph
+        self.pages: list[str] = []
+        self.signed_in = 0
+
+    async def redirect_handler(self, authorization_url: str) -> None:
+        """Open the authorization URL as a person would: sign in if the gateway asks, answer
+        the consent page, and let the browser follow the redirect to the loopback server."""
+        context = await self.chromium.new_context(viewport={"width": 1280, "height": 900})
+        try:
+            page = await context.new_page()
+            page.set_default_timeout(_STEP_MS)
+            await page.goto(authorization_url)
+            button = page.get_by_role("button", name=self.answer, exact=True)
+            if await page.get_by_label("Password").count():
+                await self._sign_in(page)
+                if not await button.count():
+                    # The login page may land on the dashboard rather than back here.
+                    await page.goto(authorization_url)
+            await playwright_api.expect(button).to_be_visible()
+            self.pages.append(await page.locator("body").inner_text())
+            if self.photograph:
+                await page.screenshot(path=ARTIFACTS / f"{self.photograph}.png", full_page=True)
+            redirect_uri = self.redirect.redirect_uri
+            async with page.expect_navigation(url=lambda url: url.startswith(redirect_uri)):
+                await button.click()
+        finally:
+            await context.close()
+
+    async def _sign_in(self, page: Any) -> None:
+        await page.get_by_label("Email").fill(self.email)
+        await page.get_by_label("Password").fill(self.password)
+        async with page.expect_navigation():
+            await page.get_by_role("button", name="Log in").click()
+        self.signed_in += 1
+
+    async def callback_handler(self) -> AuthorizationCodeResult:
+        query = await self.redirect.next_response()
+        if "code" not in query:
+            raise Redirected(query)
+        return AuthorizationCodeResult(
+            code=query["code"], state=query.get("state"), iss=query.get("iss")
+        )
+
+
+class MemoryStorage:
+    """The SDK client's TokenStorage, in memory: what a client keeps between connections."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client_info: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client_info
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client_info = client_info
