@@ -68,7 +68,9 @@ async def loopback_redirect() -> AsyncIterator[LoopbackRedirect]:
 
 class Consent:
     """A person (an account's email, password123) at Chromium answering consent pages with
-    `answer` ("Allow" or "Deny"); what each consent page said is kept in `pages`."""
+    `answer` ("Allow" or "Deny"); what each consent page said is kept in `pages`, and what
+    went wrong in the browser on the way (script errors, CSP violations, dialogs, a 5xx) in
+    `problems`."""
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class Consent:
         self.answer = answer
         self.photograph = photograph
         self.pages: list[str] = []
+        self.problems: list[str] = []
         self.signed_in = 0
 
     async def redirect_handler(self, authorization_url: str) -> None:
@@ -96,6 +99,7 @@ class Consent:
         try:
             page = await context.new_page()
             page.set_default_timeout(_STEP_MS)
+            self._watch(page)
             await page.goto(authorization_url)
             button = page.get_by_role("button", name=self.answer, exact=True)
             if await page.get_by_label("Password").count():
@@ -112,6 +116,25 @@ class Consent:
                 await button.click()
         finally:
             await context.close()
+
+    def _watch(self, page: Any) -> None:
+        def console(message: Any) -> None:
+            # Answers with a 4xx status are logged too; a test that makes one checks it itself.
+            if message.type == "error" and not message.text.startswith("Failed to load"):
+                self.problems.append(message.text)
+
+        async def dialog(opened: Any) -> None:
+            self.problems.append(f"a {opened.type} dialog: {opened.message}")
+            await opened.dismiss()
+
+        def response(answer: Any) -> None:
+            if answer.status >= 500:
+                self.problems.append(f"{answer.status} from {answer.url}")
+
+        page.on("console", console)
+        page.on("pageerror", lambda error: self.problems.append(f"script error: {error}"))
+        page.on("dialog", dialog)
+        page.on("response", response)
 
     async def _sign_in(self, page: Any) -> None:
         await page.get_by_label("Email").fill(self.email)

@@ -1,0 +1,352 @@
+"""The official SDK's OAuth client end to end: refused with a 401, it discovers the protected
+resource and the authorization server, registers (or names its client ID metadata document),
+a person signs in and consents in Chromium, and it lists and calls tools through the proxy and
+through a toolset, in both protocol eras; the call log names the client.
+
+The gateway runs on a real port of 127.0.0.1 with PUBLIC_URL its own address (loopback, where
+OAuth over http is allowed), since the SDK client speaks real HTTP; each client's redirect URI
+is a loopback server of the test's own (RFC 8252).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx2
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from mcp.client import Client
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import OAuthClientMetadata, OAuthToken
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.oauth.documents import DOCUMENT_SSL
+from tests.helpers.api import Account, Api
+from tests.helpers.chromium import launched, needs_chromium
+from tests.helpers.contract import ContractChecker
+from tests.helpers.oauth_browser import (
+    Consent,
+    LoopbackRedirect,
+    MemoryStorage,
+    Redirected,
+    loopback_redirect,
+)
+from tests.helpers.proxying import add_server, logged_calls
+from tests.helpers.tls import TestCA, serve_https
+from tests.helpers.toolsets import prefix
+from tests.helpers.upstreams import free_port
+
+pytestmark = needs_chromium
+
+ERA = {"legacy": "2025-11-25", "auto": "2026-07-28"}
+
+
+# -- the arrangement ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Any]:
+    async with launched() as browser:
+        yield browser
+
+
+@pytest.fixture
+def ca() -> TestCA:
+    return TestCA()
+
+
+@pytest.fixture
+async def gateway(settings: Settings, aiohttp_client: Any, ca: TestCA) -> AsyncIterator[Api]:
+    """The app on a real port of 127.0.0.1, PUBLIC_URL its own address, trusting the test CA
+    (only) for the client ID metadata documents it fetches."""
+    port = free_port()
+    app = create_app(settings.replace(public_url=f"http://127.0.0.1:{port}"))
+    app[DOCUMENT_SSL] = ca.client_context()
+    checker = ContractChecker(app)
+    app.middlewares.insert(0, checker.middleware)
+    client: TestClient[web.Request, web.Application] = await aiohttp_client(
+        app, server_kwargs={"host": "127.0.0.1", "port": port}
+    )
+    yield Api(client)
+    checker.assert_clean()
+
+
+@pytest.fixture
+async def redirect() -> AsyncIterator[LoopbackRedirect]:
+    async with loopback_redirect() as loopback:
+        yield loopback
+
+
+async def workspace_with_a_server(gateway: Api, db: asyncpg.Connection, url: str) -> Any:
+    """An owner signed up, in an org workspace "Acme Research" holding a server at `url`."""
+    owner = await gateway.org(await gateway.signup(), "Acme Research")
+    server_id = await add_server(gateway, db, owner, url)
+    name = await db.fetchval("SELECT name FROM servers WHERE id = $1", uuid.UUID(server_id))
+    return owner, server_id, name
+
+
+async def toolset_of(db: asyncpg.Connection, owner: Account, servers: list[str]) -> str:
+    toolset_id = await db.fetchval(
+        "INSERT INTO toolsets (workspace_id, name) VALUES ($1, 'research tools') RETURNING id",
+        uuid.UUID(owner.workspace_id),
+    )
+    for position, server_id in enumerate(servers):
+        await db.execute(
+            "INSERT INTO toolset_servers (toolset_id, server_id, position) VALUES ($1, $2, $3)",
+            toolset_id,
+            uuid.UUID(server_id),
+            position,
+        )
+    return str(toolset_id)
+
+
+def mcp_url(gateway: Api, path: str) -> str:
+    return str(gateway.client.make_url(path))
+
+
+@contextlib.asynccontextmanager
+async def oauth_client(
+    url: str,
+    consent: Consent,
+    mode: str,
+    *,
+    name: str,
+    storage: MemoryStorage | None = None,
+    client_metadata_url: str | None = None,
+) -> AsyncIterator[Client]:
+    """The SDK client with its OAuth provider: it registers as `name` (or names its client ID
+    metadata document) and asks `consent` to take the person through the authorization."""
+    metadata = OAuthClientMetadata(client_name=name, redirect_uris=[consent.redirect.redirect_uri])
+    provider = OAuthClientProvider(
+        url,
+        metadata,
+        storage or MemoryStorage(),
+        consent.redirect_handler,
+        consent.callback_handler,
+        client_metadata_url=client_metadata_url,
+    )
+    async with (
+        httpx2.AsyncClient(auth=provider, timeout=20) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode) as client,
+    ):
+        yield client
+
+
+# -- through the proxy and through a toolset ---------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_sdk_client_registers_a_person_consents_and_it_calls_through_the_proxy(
+    gateway: Api,
+    db: asyncpg.Connection,
+    chromium: Any,
+    redirect: LoopbackRedirect,
+    sdk_stateful: str,
+    mode: str,
+) -> None:
+    owner, server_id, server_name = await workspace_with_a_server(gateway, db, sdk_stateful)
+    url = mcp_url(gateway, f"/api/v1/proxy/{server_id}/mcp")
+    consent = Consent(chromium, redirect, owner.email, photograph=f"oauth-consent-proxy-{mode}")
+    async with oauth_client(url, consent, mode, name="Research agent") as client:
+        assert client.protocol_version == ERA[mode]
+        tools = await client.list_tools()
+        added = await client.call_tool("add", {"a": 2, "b": 40})
+    assert "add" in {tool.name for tool in tools.tools}
+    assert added.structured_content == {"result": 42}
+    # One sign-in, one consent page naming the client, the server and its workspace.
+    assert (consent.signed_in, len(consent.pages), consent.problems) == (1, 1, [])
+    for shown in ("Research agent", server_name, "Acme Research", "127.0.0.1"):
+        assert shown in consent.pages[0], (shown, consent.pages[0])
+    [row] = await logged_calls(db, 1)
+    assert row["caller_agent"] == "Research agent"
+    assert (str(row["server_id"]), str(row["workspace_id"])) == (server_id, owner.workspace_id)
+    [grant] = await db.fetch("SELECT * FROM oauth_grants")
+    assert (grant["resource"], str(grant["server_id"])) == (url, server_id)
+    assert str(grant["user_id"]) == owner.user_id
+    assert await db.fetchval("SELECT registered FROM oauth_clients") is True
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_sdk_client_registers_a_person_consents_and_it_calls_through_a_toolset(
+    gateway: Api,
+    db: asyncpg.Connection,
+    chromium: Any,
+    redirect: LoopbackRedirect,
+    sdk_stateful: str,
+    sdk_stateless: str,
+    mode: str,
+) -> None:
+    owner, first, first_name = await workspace_with_a_server(gateway, db, sdk_stateful)
+    second = await add_server(gateway, db, owner, sdk_stateless)
+    toolset_id = await toolset_of(db, owner, [first, second])
+    url = mcp_url(gateway, f"/api/v1/toolsets/{toolset_id}/mcp")
+    consent = Consent(chromium, redirect, owner.email, photograph=f"oauth-consent-toolset-{mode}")
+    async with oauth_client(url, consent, mode, name="Toolset agent") as client:
+        assert client.protocol_version == ERA[mode]
+        tools = await client.list_tools()
+        added = await client.call_tool(f"{prefix(first_name)}add", {"a": 1, "b": 2})
+    assert f"{prefix(first_name)}add" in {tool.name for tool in tools.tools}
+    assert added.structured_content == {"result": 3}
+    assert (len(consent.pages), consent.problems) == (1, [])
+    for shown in ("Toolset agent", "research tools", "Acme Research"):
+        assert shown in consent.pages[0], (shown, consent.pages[0])
+    [row] = await logged_calls(db, 1)
+    assert row["caller_agent"] == "Toolset agent"
+    assert (str(row["toolset_id"]), str(row["server_id"])) == (toolset_id, first)
+    [grant] = await db.fetch("SELECT * FROM oauth_grants")
+    assert (grant["resource"], str(grant["toolset_id"])) == (url, toolset_id)
+
+
+# -- a client ID metadata document -------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def client_document(ca: TestCA, document: dict[str, Any]) -> AsyncIterator[Any]:
+    """Serve `document` over https on loopback at /oauth/client.json, with `client_id` its own
+    URL; yields (that URL, the list of requests that fetched it)."""
+    fetched: list[str] = []
+
+    async def serve(request: web.Request) -> web.Response:
+        fetched.append(request.headers.get("Accept", ""))
+        return web.json_response(document)
+
+    app = web.Application()
+    app.router.add_get("/oauth/client.json", serve)
+    async with serve_https(app, ca) as base_url:
+        document["client_id"] = f"{base_url}/oauth/client.json"
+        yield document["client_id"], fetched
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_client_known_by_its_metadata_document_connects_without_registering(
+    gateway: Api,
+    db: asyncpg.Connection,
+    chromium: Any,
+    redirect: LoopbackRedirect,
+    ca: TestCA,
+    sdk_stateful: str,
+    mode: str,
+) -> None:
+    owner, server_id, _ = await workspace_with_a_server(gateway, db, sdk_stateful)
+    url = mcp_url(gateway, f"/api/v1/proxy/{server_id}/mcp")
+    document = {
+        "client_name": "Documented agent",
+        "redirect_uris": [redirect.redirect_uri],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    }
+    consent = Consent(chromium, redirect, owner.email)
+    async with (
+        client_document(ca, document) as (client_id, fetched),
+        oauth_client(
+            url, consent, mode, name="not this name", client_metadata_url=client_id
+        ) as client,
+    ):
+        added = await client.call_tool("add", {"a": 20, "b": 22})
+    assert added.structured_content == {"result": 42}
+    assert fetched, "the gateway never fetched the client's document"
+    assert "Documented agent" in consent.pages[0]
+    assert consent.problems == []
+    [client_row] = await db.fetch("SELECT * FROM oauth_clients")
+    assert (client_row["client_id"], client_row["registered"]) == (client_id, False)
+    [row] = await logged_calls(db, 1)
+    assert row["caller_agent"] == "Documented agent"
+
+
+# -- what a client keeps between connections ---------------------------------------------------
+
+
+async def test_a_client_reconnects_with_its_tokens_and_refreshes_without_the_person(
+    gateway: Api,
+    db: asyncpg.Connection,
+    chromium: Any,
+    redirect: LoopbackRedirect,
+    sdk_stateless: str,
+) -> None:
+    owner, server_id, _ = await workspace_with_a_server(gateway, db, sdk_stateless)
+    url = mcp_url(gateway, f"/api/v1/proxy/{server_id}/mcp")
+    consent = Consent(chromium, redirect, owner.email)
+    storage = MemoryStorage()
+    async with oauth_client(url, consent, "auto", name="Keeper", storage=storage) as client:
+        await client.call_tool("add", {"a": 1, "b": 1})
+    assert storage.tokens is not None and storage.tokens.refresh_token
+    first_refresh = storage.tokens.refresh_token
+    # Connecting again with the stored access token asks nobody.
+    async with oauth_client(url, consent, "auto", name="Keeper", storage=storage) as client:
+        await client.call_tool("add", {"a": 2, "b": 2})
+    # With only its refresh token left, the client refreshes; the token is rotated.
+    storage.tokens = OAuthToken(access_token="", refresh_token=first_refresh)
+    async with oauth_client(url, consent, "auto", name="Keeper", storage=storage) as client:
+        again = await client.call_tool("add", {"a": 3, "b": 3})
+    assert again.structured_content == {"result": 6}
+    assert len(consent.pages) == 1
+    assert storage.tokens is not None and storage.tokens.refresh_token not in (None, first_refresh)
+    rows = await logged_calls(db, 3)
+    assert {row["caller_agent"] for row in rows} == {"Keeper"}
+
+
+async def test_deny_in_the_browser_gives_the_client_access_denied_and_no_grant(
+    gateway: Api,
+    db: asyncpg.Connection,
+    chromium: Any,
+    redirect: LoopbackRedirect,
+    sdk_stateless: str,
+) -> None:
+    owner, server_id, _ = await workspace_with_a_server(gateway, db, sdk_stateless)
+    url = mcp_url(gateway, f"/api/v1/proxy/{server_id}/mcp")
+    consent = Consent(chromium, redirect, owner.email, answer="Deny")
+    with pytest.raises(BaseException) as raised:
+        async with oauth_client(url, consent, "auto", name="Refused agent") as client:
+            await client.list_tools()
+    denied = _find(raised.value, Redirected)
+    assert denied is not None, raised.value
+    assert denied.query["error"] == "access_denied"
+    # RFC 9207: an error response names the issuer too.
+    assert denied.query["iss"] == str(gateway.client.make_url("")).rstrip("/")
+    assert await db.fetchval("SELECT count(*) FROM oauth_grants") == 0
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
+
+
+def _find(error: BaseException, kind: type[Redirected]) -> Redirected | None:
+    """The exception of `kind` inside `error` (through groups, causes and contexts)."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return None
+
+
+async def test_a_hostile_client_name_is_text_on_the_consent_page_and_in_the_log(
+    gateway: Api,
+    db: asyncpg.Connection,
+    chromium: Any,
+    redirect: LoopbackRedirect,
+    sdk_stateless: str,
+) -> None:
+    owner, server_id, _ = await workspace_with_a_server(gateway, db, sdk_stateless)
+    url = mcp_url(gateway, f"/api/v1/proxy/{server_id}/mcp")
+    hostile = '<img src=x onerror="alert(1)"><script>alert(2)</script>&amp; "Claude"'
+    consent = Consent(chromium, redirect, owner.email, photograph="oauth-consent-hostile-name")
+    async with oauth_client(url, consent, "auto", name=hostile) as client:
+        await client.call_tool("add", {"a": 1, "b": 1})
+    # Shown as the very characters registered (escaped, never markup), and nothing ran.
+    assert hostile in consent.pages[0]
+    assert consent.problems == []
+    [row] = await logged_calls(db, 1)
+    assert row["caller_agent"] == hostile
