@@ -11,6 +11,7 @@ is a loopback server of the test's own (RFC 8252).
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,14 +21,14 @@ import httpx2
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from gateway.oauth.clients import DOCUMENT_SSL
 from mcp.client import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import OAuthClientMetadata
 
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.oauth.documents import DOCUMENT_SSL
 from tests.helpers.api import Account, Api
 from tests.helpers.chromium import launched, needs_chromium
 from tests.helpers.contract import ContractChecker
@@ -111,32 +112,44 @@ def mcp_url(gateway: Api, path: str) -> str:
     return str(gateway.client.make_url(path))
 
 
-@contextlib.asynccontextmanager
-async def oauth_client(
-    url: str,
-    consent: Consent,
-    mode: str,
-    *,
-    name: str,
-    storage: MemoryStorage | None = None,
-    client_metadata_url: str | None = None,
-) -> AsyncIterator[Client]:
-    """The SDK client with its OAuth provider: it registers as `name` (or names its client ID
-    metadata document) and asks `consent` to take the person through the authorization."""
+def oauth_provider(
+    url: str, consent: Consent, *, name: str, client_metadata_url: str | None = None
+) -> OAuthClientProvider:
+    """The SDK's OAuth client for the MCP URL: it registers as `name` (or names its client ID
+    metadata document) and asks `consent` to take the person through the authorization. One
+    provider is one client: what it discovered and the tokens it holds last across connections."""
     metadata = OAuthClientMetadata(client_name=name, redirect_uris=[consent.redirect.redirect_uri])
-    provider = OAuthClientProvider(
+    return OAuthClientProvider(
         url,
         metadata,
-        storage or MemoryStorage(),
+        MemoryStorage(),
         consent.redirect_handler,
         consent.callback_handler,
         client_metadata_url=client_metadata_url,
     )
+
+
+@contextlib.asynccontextmanager
+async def connected(url: str, provider: OAuthClientProvider, mode: str) -> AsyncIterator[Client]:
+    """The SDK client over streamable HTTP, authorized by `provider`."""
     async with (
         httpx2.AsyncClient(auth=provider, timeout=20) as http,
         Client(streamable_http_client(url, http_client=http), mode=mode) as client,
     ):
         yield client
+
+
+def oauth_client(
+    url: str,
+    consent: Consent,
+    mode: str,
+    *,
+    name: str,
+    client_metadata_url: str | None = None,
+) -> contextlib.AbstractAsyncContextManager[Client]:
+    """A new client, connected (the person is asked as soon as it is refused)."""
+    provider = oauth_provider(url, consent, name=name, client_metadata_url=client_metadata_url)
+    return connected(url, provider, mode)
 
 
 # -- through the proxy and through a toolset ---------------------------------------------------
@@ -264,7 +277,7 @@ async def test_a_client_known_by_its_metadata_document_connects_without_register
 # -- what a client keeps between connections ---------------------------------------------------
 
 
-async def test_a_client_reconnects_with_its_tokens_and_refreshes_without_the_person(
+async def test_a_client_reconnects_and_refreshes_without_the_person_until_its_grant_ends(
     gateway: Api,
     db: asyncpg.Connection,
     chromium: Any,
@@ -274,23 +287,42 @@ async def test_a_client_reconnects_with_its_tokens_and_refreshes_without_the_per
     owner, server_id, _ = await workspace_with_a_server(gateway, db, sdk_stateless)
     url = mcp_url(gateway, f"/api/v1/proxy/{server_id}/mcp")
     consent = Consent(chromium, redirect, owner.email)
-    storage = MemoryStorage()
-    async with oauth_client(url, consent, "auto", name="Keeper", storage=storage) as client:
+    provider = oauth_provider(url, consent, name="Keeper")
+    async with connected(url, provider, "auto") as client:
         await client.call_tool("add", {"a": 1, "b": 1})
-    assert storage.tokens is not None and storage.tokens.refresh_token
-    first_refresh = storage.tokens.refresh_token
-    # Connecting again with the stored access token asks nobody.
-    async with oauth_client(url, consent, "auto", name="Keeper", storage=storage) as client:
+    tokens = provider.context.current_tokens
+    assert tokens is not None and tokens.refresh_token
+    first_refresh = tokens.refresh_token
+    # Connecting again, the access token it holds asks nobody.
+    async with connected(url, provider, "auto") as client:
         await client.call_tool("add", {"a": 2, "b": 2})
-    # With only its refresh token left, the client refreshes; the token is rotated.
-    storage.tokens = OAuthToken(access_token="", refresh_token=first_refresh)
-    async with oauth_client(url, consent, "auto", name="Keeper", storage=storage) as client:
+    # An hour later its access token has expired: it refreshes, and the refresh token rotates.
+    provider.context.token_expiry_time = time.time() - 1
+    async with connected(url, provider, "auto") as client:
         again = await client.call_tool("add", {"a": 3, "b": 3})
     assert again.structured_content == {"result": 6}
-    assert len(consent.pages) == 1
-    assert storage.tokens is not None and storage.tokens.refresh_token not in (None, first_refresh)
+    tokens = provider.context.current_tokens
+    assert tokens is not None and tokens.refresh_token not in (None, first_refresh)
+    assert (len(consent.pages), consent.problems) == (1, [])
     rows = await logged_calls(db, 3)
     assert {row["caller_agent"] for row in rows} == {"Keeper"}
+    # Someone who copied the first refresh token presents it: refused, and the grant ends, so
+    # the client's own tokens stop working at once and the person is asked again.
+    assert provider.context.client_info is not None
+    async with httpx2.AsyncClient() as http:
+        stolen = await http.post(
+            str(gateway.client.make_url("/oauth/token")),
+            data={
+                "grant_type": "refresh_token",
+                "refresh_token": first_refresh,
+                "client_id": provider.context.client_info.client_id,
+            },
+        )
+    assert (stolen.status_code, stolen.json()["error"]) == (400, "invalid_grant")
+    assert await db.fetchval("SELECT count(*) FROM oauth_grants") == 0
+    async with connected(url, provider, "auto") as client:
+        await client.call_tool("add", {"a": 4, "b": 4})
+    assert len(consent.pages) == 2
 
 
 async def test_deny_in_the_browser_gives_the_client_access_denied_and_no_grant(
