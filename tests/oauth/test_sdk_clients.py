@@ -11,6 +11,7 @@ is a loopback server of the test's own (RFC 8252).
 from __future__ import annotations
 
 import contextlib
+import html
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,8 +31,9 @@ from mcp.shared.auth import OAuthClientMetadata
 from gateway.app import create_app
 from gateway.config import Settings
 from tests.helpers.api import Account, Api
-from tests.helpers.chromium import launched, needs_chromium
+from tests.helpers.chromium import launched, needs_chromium, playwright_api
 from tests.helpers.contract import ContractChecker
+from tests.helpers.oauth import AuthorizationRequest, OAuthHttp
 from tests.helpers.oauth_browser import (
     Consent,
     LoopbackRedirect,
@@ -42,7 +44,7 @@ from tests.helpers.oauth_browser import (
 from tests.helpers.proxying import add_server, logged_calls
 from tests.helpers.tls import TestCA, serve_https
 from tests.helpers.toolsets import prefix
-from tests.helpers.upstreams import free_port
+from tests.helpers.upstreams import free_port, serve_loopback
 
 pytestmark = needs_chromium
 
@@ -382,3 +384,89 @@ async def test_a_hostile_client_name_is_text_on_the_consent_page_and_in_the_log(
     assert consent.problems == []
     [row] = await logged_calls(db, 1)
     assert row["caller_agent"] == hostile
+
+
+# -- the person's browser ----------------------------------------------------------------------
+
+
+async def test_a_signed_out_person_is_sent_to_no_client_by_a_bad_request(
+    gateway: Api,
+    db: asyncpg.Connection,
+    chromium: Any,
+    redirect: LoopbackRedirect,
+    sdk_stateless: str,
+) -> None:
+    """RFC 9700 4.11.2: anyone may register a client, and so a redirect URI; a link to an
+    authorization request that is bad for any other reason must not send a person who has
+    not signed in there. They see why instead."""
+    _, server_id, _ = await workspace_with_a_server(gateway, db, sdk_stateless)
+    http = OAuthHttp(gateway.client.session, str(gateway.client.make_url("")))
+    client_id = await http.client_id(name="Phisher", redirect_uris=[redirect.redirect_uri])
+    bad = AuthorizationRequest(
+        client_id,
+        mcp_url(gateway, f"/api/v1/proxy/{server_id}/mcp"),
+        redirect_uri=redirect.redirect_uri,
+        extra={"code_challenge_method": "plain"},
+    )
+    context = await chromium.new_context()
+    try:
+        page = await context.new_page()
+        url = gateway.client.make_url("/oauth/authorize").with_query(bad.query())
+        response = await page.goto(str(url))
+        assert response is not None and response.status == 400
+        await playwright_api.expect(page.get_by_text("cannot be served")).to_be_visible()
+        assert page.url.startswith(str(gateway.client.make_url("")))
+    finally:
+        await context.close()
+    assert redirect.responses.empty()
+
+
+async def test_the_consent_page_cannot_be_framed_by_another_page(
+    gateway: Api,
+    db: asyncpg.Connection,
+    chromium: Any,
+    redirect: LoopbackRedirect,
+    sdk_stateless: str,
+) -> None:
+    """RFC 9700 4.16: a page of another origin (on the same site, so the dashboard's cookies
+    go with the frame's request) frames the consent page of a signed-in person: Chromium
+    refuses to show it."""
+    owner, server_id, _ = await workspace_with_a_server(gateway, db, sdk_stateless)
+    http = OAuthHttp(gateway.client.session, str(gateway.client.make_url("")))
+    client_id = await http.client_id(name="Framer", redirect_uris=[redirect.redirect_uri])
+    request = AuthorizationRequest(
+        client_id,
+        mcp_url(gateway, f"/api/v1/proxy/{server_id}/mcp"),
+        redirect_uri=redirect.redirect_uri,
+    )
+    authorize = str(gateway.client.make_url("/oauth/authorize").with_query(request.query()))
+
+    async def framing(_: web.Request) -> web.Response:
+        return web.Response(
+            text=f'<!doctype html><iframe src="{html.escape(authorize)}"></iframe>',
+            content_type="text/html",
+        )
+
+    attacker = web.Application()
+    attacker.router.add_get("/", framing)
+    context = await chromium.new_context()
+    refused: list[str] = []
+    try:
+        page = await context.new_page()
+        page.on("console", lambda message: refused.append(message.text))
+        await page.goto(authorize)
+        await page.get_by_label("Email").fill(owner.email)
+        await page.get_by_label("Password").fill("password123")
+        await page.get_by_role("button", name="Log in").click()
+        allow = page.get_by_role("button", name="Allow", exact=True)
+        await playwright_api.expect(allow).to_be_visible()  # framed, this is what it would show
+        async with serve_loopback(attacker) as attacker_url:
+            await page.goto(attacker_url)
+            frame = page.frame_locator("iframe")
+            await playwright_api.expect(page.locator("iframe")).to_be_attached()
+            await page.wait_for_timeout(500)  # a framed page that was shown shows by now
+            assert await frame.get_by_role("button", name="Allow", exact=True).count() == 0
+    finally:
+        await context.close()
+    assert any("frame-ancestors" in text for text in refused), refused
+    assert redirect.responses.empty()
