@@ -14,8 +14,10 @@ from gateway.oauth.resources import resource_url
 from gateway.security.tokens import OAuthClaims, issue_oauth_token
 from tests.helpers.api import Account, Api
 
-# An https PUBLIC_URL: the gateway offers OAuth only then (or on loopback).
+# An https PUBLIC_URL: the gateway offers OAuth only then, or on loopback (which the dashboard
+# tests use: over https its cookies are Secure, and the test client speaks plain http).
 OAUTH_PUBLIC_URL = "https://gateway.test"
+LOOPBACK_PUBLIC_URL = "http://localhost:8000"
 
 _MCP_PATH = re.compile(r"^/api/v1/(proxy|toolsets)/([0-9a-f-]{36})/mcp$")
 
