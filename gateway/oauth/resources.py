@@ -52,8 +52,8 @@ def challenge(base_url: str, path: str, *, invalid_token: bool) -> str:
     """The WWW-Authenticate of an MCP URL's 401 (RFC 9728 5.1, RFC 6750 3): where its
     metadata is, and `invalid_token` when a credential was sent and refused, so that an OAuth
     client authorizes again rather than retrying the same token."""
-    # The path is as the client sent it (only a server or toolset id is free in it): quoted, so
-    # it cannot end the quoted string early.
+    # The routes take only hex digits and hyphens as an id, but the header must stay one
+    # quoted string whatever a path holds.
     where = metadata_url(base_url, quote(path, safe="/-._~"))
     error = 'error="invalid_token", ' if invalid_token else ""
     return f'Bearer {error}resource_metadata="{where}"'
