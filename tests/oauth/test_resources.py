@@ -98,6 +98,32 @@ async def test_a_token_works_on_its_toolsets_mcp_url(
     assert row["caller_agent"] == "ChatGPT"
 
 
+async def test_a_token_is_good_for_every_method_of_its_mcp_url(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    async with recorder() as upstream:
+        owner, server_id = await workspace_with_server(api, db, upstream.url)
+        granted = await grant(api, owner, proxy_path(server_id))
+        for method in ("GET", "DELETE"):
+            reply = await api.request(method, granted.path, headers=granted.headers)
+            # Forwarded: the upstream's own answer (it takes POST only).
+            assert reply.status == 405, (method, reply.body)
+    assert [method for method, _, _ in upstream.requests] == ["GET", "DELETE"]
+    # The gateway's credentials for the server go upstream, never the caller's token.
+    assert all(granted.token not in str(headers) for _, headers, _ in upstream.requests)
+
+
+async def test_api_keys_and_the_apis_access_tokens_keep_working_beside_oauth(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    async with recorder() as upstream:
+        owner, server_id = await workspace_with_server(api, db, upstream.url)
+        key = await api.api_key(owner)
+        for headers in (owner.headers, {"X-API-Key": key}, {"Authorization": f"Bearer {key}"}):
+            reply = await mcp_post(api, proxy_path(server_id), headers)
+            assert reply.status == 200, headers
+
+
 # -- and nowhere else ------------------------------------------------------------------------
 
 
