@@ -31,7 +31,14 @@ from gateway.api import workspaces as workspaces_api
 from gateway.api.discovery import setup_discovery
 from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.api.routing import ENDPOINTS, mount
-from gateway.background import alert_evaluator, api_key_usage, notifier, prober, retention
+from gateway.background import (
+    alert_evaluator,
+    api_key_usage,
+    notifier,
+    oauth_grant_usage,
+    prober,
+    retention,
+)
 from gateway.background.notifier import ALERTS_QUEUED
 from gateway.background.tasks import BackgroundTasks, Loop
 from gateway.caching import listener as cache_listener
@@ -116,7 +123,9 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[EMAIL_RATE_LIMITER] = AuthRateLimiter.shared(
         VERIFICATION_EMAIL_RATE, pool, settings.redis_url
     )
-    app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES])
+    app[AUTHENTICATOR] = Authenticator(
+        pool, settings.jwt_secret, app[CACHES], base_url=settings.base_url
+    )
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
     app[TOOLSETS] = Toolsets(
         pool, app[CACHES], app[UPSTREAMS], index_seconds=settings.tools_cache_seconds
@@ -192,6 +201,7 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(app[CACHES].listening.wait(), _LISTENER_WAIT_SECONDS)
     tasks.start("api-key-usage", api_key_usage.run)
+    tasks.start("oauth-grant-usage", oauth_grant_usage.run)
     if app[SETTINGS].run_workers:
         for name, loop in WORKER_LOOPS:
             tasks.start(name, loop)

@@ -1,4 +1,5 @@
-"""Who is calling (JWT or API key) and whether their role lets them."""
+"""Who is calling (JWT, API key, or an OAuth access token on the MCP URL it was issued for)
+and whether their role lets them."""
 
 from __future__ import annotations
 
@@ -16,9 +17,16 @@ from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import api_keys as api_keys_db
 from gateway.db import memberships as memberships_db
 from gateway.errors import Forbidden, NotFound, Unauthorized
+from gateway.oauth.resources import Grants, challenge, oauth_enabled, resource_url
 from gateway.policy.rules import KeyRules
 from gateway.security.api_keys import KEY_PREFIX
-from gateway.security.tokens import InvalidToken, hash_token, read_access_token
+from gateway.security.tokens import (
+    InvalidToken,
+    hash_token,
+    is_oauth_token,
+    read_access_token,
+    read_oauth_token,
+)
 
 
 class Role(StrEnum):
@@ -51,6 +59,9 @@ class Access:
     # Said after a 401's reason: what to send instead. MCP clients show the detail as it is,
     # so their endpoints name the API key's headers (and not the API's access tokens).
     hint: str = ""
+    # An OAuth access token is good here, on the URL it was issued for (the MCP endpoints:
+    # protected resources, whose 401s point to their metadata when OAuth is on).
+    oauth: bool = False
 
 
 # Anyone; credentials, if sent, are ignored (the OpenAPI document and the docs page).
@@ -68,6 +79,12 @@ MCP = Access(
     api_key=True,
     key_right="use",
     hint="send your API key as 'Authorization: Bearer mcpg_…' or 'X-API-Key: mcpg_…'",
+    oauth=True,
+)
+# The MCP endpoints' hint when this gateway offers OAuth.
+_OAUTH_HINT = (
+    "connect with OAuth (your MCP client signs you in), or send your API key as "
+    "'Authorization: Bearer mcpg_…' or 'X-API-Key: mcpg_…'"
 )
 ADMIN = Access(min_role=Role.ADMIN)
 WS_MEMBER = Access(min_role=Role.MEMBER, path_workspace=True)
@@ -84,6 +101,9 @@ class Principal:
     api_key_id: uuid.UUID | None = None
     # What an API key may not do (governed access); None: a member, or a key with no rules.
     rules: KeyRules | None = None
+    # An OAuth access token's client, by the name its member consented to (the call log's
+    # caller_agent when the request names none); None: not an OAuth token.
+    client_name: str | None = None
 
 
 PRINCIPAL = web.RequestKey("principal", Principal)
@@ -98,9 +118,16 @@ _KEY_REFUSED = "API keys cannot be used on this endpoint; log in instead"
 class Authenticator:
     """Resolves credentials to a Principal with no database round trip once caches are warm."""
 
-    def __init__(self, pool: asyncpg.Pool, jwt_secret: str, caches: Caches) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, jwt_secret: str, caches: Caches, base_url: str = ""
+    ) -> None:
         self._pool = pool
         self._jwt_secret = jwt_secret
+        # PUBLIC_URL when this gateway offers OAuth (its MCP URLs are resources under it);
+        # None: OAuth access tokens are refused everywhere, and 401s say nothing of OAuth.
+        self._oauth_base = base_url if base_url and oauth_enabled(base_url) else None
+        # The grants behind OAuth access tokens (only OAuth callers look at them).
+        self.grants = Grants(pool, caches)
         self.roles: InvalidatedCache[tuple[uuid.UUID, uuid.UUID], Role | None] = InvalidatedCache(
             "memberships"
         )
@@ -158,24 +185,45 @@ class Authenticator:
         principal = self.keys.peek(_key_hash(raw_key.strip()))
         if principal is MISSING:
             return cast(Principal, MISSING)
-        return self._key_principal(principal, access)
+        try:  # (free unless raised: a revoked key, cached as None)
+            return self._key_principal(principal, access)
+        except _Refused as refused:
+            raise self._challenged(request, access, refused) from None
 
     async def authenticate(self, request: web.Request, access: Access) -> Principal:
-        """Who is calling: a bearer credential if there is one (an access token, or an API key
-        as a bearer token), else an X-API-Key; a 401 ends with what to send instead."""
-        authorization = request.headers.get("Authorization")
-        if authorization is not None:
-            scheme, _, token = authorization.partition(" ")
-            token = token.strip()
-            if scheme.lower() != "bearer" or not token:
-                raise _refused("the Authorization header must be 'Bearer <token>'", access)
-            if token.startswith(KEY_PREFIX):
-                return await self._api_key(token, access)
-            return await self._user_principal(request, token, access)
-        raw_key = request.headers.get(API_KEY_HEADER)
-        if raw_key is not None:
-            return await self._api_key(raw_key.strip(), access)
-        raise _refused("authentication required", access)
+        """Who is calling: a bearer credential if there is one (an access token, an OAuth
+        access token, or an API key as a bearer token), else an X-API-Key; a 401 ends with
+        what to send instead."""
+        try:
+            authorization = request.headers.get("Authorization")
+            if authorization is not None:
+                scheme, _, token = authorization.partition(" ")
+                token = token.strip()
+                if scheme.lower() != "bearer" or not token:
+                    raise _refused("the Authorization header must be 'Bearer <token>'", access)
+                if token.startswith(KEY_PREFIX):
+                    return await self._api_key(token, access)
+                return await self._user_principal(request, token, access)
+            raw_key = request.headers.get(API_KEY_HEADER)
+            if raw_key is not None:
+                return await self._api_key(raw_key.strip(), access)
+            raise _refused("authentication required", access)
+        except _Refused as refused:
+            raise self._challenged(request, access, refused) from None
+
+    def _challenged(self, request: web.Request, access: Access, refused: _Refused) -> Unauthorized:
+        """A 401 of an MCP URL, when this gateway offers OAuth: it says where the URL's
+        metadata is (RFC 9728 5.1), so an MCP client can start authorizing, and `invalid_token`
+        when the credential sent was refused; its detail names OAuth beside API keys."""
+        base_url = self._oauth_base
+        if not access.oauth or base_url is None:
+            return refused
+        headers = request.headers
+        sent = "Authorization" in headers or API_KEY_HEADER in headers
+        header = challenge(base_url, request.path, invalid_token=sent)
+        return Unauthorized(
+            f"{refused.reason}: {_OAUTH_HINT}", headers={"WWW-Authenticate": header}
+        )
 
     async def _api_key(self, raw_key: str, access: Access) -> Principal:
         key_hash = _key_hash(raw_key)
@@ -188,11 +236,47 @@ class Authenticator:
         try:
             claims = read_access_token(self._jwt_secret, token)
         except InvalidToken as exc:
+            if self._oauth_base is not None and is_oauth_token(token):
+                return await self._oauth_principal(request, token, access, self._oauth_base)
             raise _refused(str(exc), access) from None
         workspace_id = claims.workspace_id
         if access.path_workspace:
             workspace_id = path_uuid(request, "workspace_id", "workspace")
         return await self.authorize(claims.user_id, workspace_id, access)
+
+    async def _oauth_principal(
+        self, request: web.Request, token: str, access: Access, base_url: str
+    ) -> Principal:
+        """An OAuth access token acts as the member who consented, on the one MCP URL it was
+        issued for, while its grant stands and the member belongs to the workspace. Once
+        warm, that costs no database round trip: the grant and the role come from caches that
+        NOTIFY keeps fresh, so a revocation or a departure ends the token at once."""
+        if not access.oauth:
+            raise _refused(_OAUTH_ELSEWHERE, access)
+        try:
+            claims = read_oauth_token(self._jwt_secret, token, resource_url(base_url, request.path))
+        except InvalidToken as exc:
+            raise _refused(str(exc), access) from None
+        grant = await self.grants.get(claims.grant_id)
+        if (
+            grant is None
+            or grant.user_id != claims.user_id
+            or grant.workspace_id != claims.workspace_id
+            or grant.resource != claims.resource
+        ):
+            raise _refused("this app's access was revoked: connect it again", access)
+        role = await self.role(grant.workspace_id, grant.user_id)
+        if role is None:
+            raise _refused(
+                "the member who connected this app is no longer in the workspace", access
+            )
+        self.grants.used(grant.id)
+        return Principal(
+            workspace_id=grant.workspace_id,
+            role=role,
+            user_id=grant.user_id,
+            client_name=grant.client_name,
+        )
 
     async def authorize(
         self, user_id: uuid.UUID, workspace_id: uuid.UUID, access: Access
@@ -225,17 +309,28 @@ class Authenticator:
 
 
 _HINT = "send 'Authorization: Bearer <access token>' or an API key as 'X-API-Key'"
+_OAUTH_ELSEWHERE = "an OAuth access token is good only on the MCP URL it was issued for"
 
 
-def _refused(reason: str, access: Access) -> Unauthorized:
+class _Refused(Unauthorized):
+    """A 401 that keeps its reason apart from the hint, for the MCP URLs' OAuth challenge."""
+
+    def __init__(self, reason: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail, headers=headers)
+        self.reason = reason
+
+
+def _refused(reason: str, access: Access) -> _Refused:
     """A 401 in one line: why, then what to send. Without credentials the API says how to
-    send them; otherwise only an endpoint with a hint of its own (the MCP endpoints) adds one."""
+    send them; otherwise only an endpoint with a hint of its own (the MCP endpoints) adds one.
+    With OAuth on, the MCP endpoints' 401 becomes a challenge (Authenticator._challenged)."""
     if access.hint:
-        # RFC 9110: a 401 names the scheme to use. OAuth's resource_metadata comes with OAuth.
-        return Unauthorized(f"{reason}: {access.hint}", headers={"WWW-Authenticate": "Bearer"})
+        # RFC 9110: a 401 names the scheme to use.
+        headers = {"WWW-Authenticate": "Bearer"}
+        return _Refused(reason, f"{reason}: {access.hint}", headers=headers)
     if reason == "authentication required":
-        return Unauthorized(f"{reason}: {_HINT}")
-    return Unauthorized(reason)
+        return _Refused(reason, f"{reason}: {_HINT}")
+    return _Refused(reason, reason)
 
 
 def refuse_api_key(request: web.Request, access: Access) -> None:

@@ -26,7 +26,8 @@ _SECURITY_SCHEMES = {
         "scheme": "bearer",
         "description": "an access token (a JWT from /auth/login or /auth/signup), or an API key "
         "(`mcpg_…`): the prefix tells them apart, and a key sent this way is used as in "
-        "X-API-Key. When both headers come, the bearer one is used.",
+        "X-API-Key. When both headers come, the bearer one is used. On the MCP URLs (proxy and "
+        "toolsets), also an OAuth access token issued for that URL.",
     },
     "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
 }
@@ -138,6 +139,16 @@ def _operation(endpoint: Endpoint, components: _Components) -> dict[str, Any]:
             "description": HTTPStatus(code).phrase,
             "content": {"application/json": {"schema": schema}},
         }
+        if code == 401 and access.oauth:
+            # The MCP URLs are OAuth protected resources (RFC 9728 5.1).
+            responses[str(code)]["headers"] = {
+                "WWW-Authenticate": {
+                    "description": "`Bearer`; when the gateway offers OAuth, with "
+                    '`resource_metadata="<the URL\'s protected resource metadata>"`, and '
+                    '`error="invalid_token"` when the credential sent was refused',
+                    "schema": {"type": "string"},
+                }
+            }
         if code == 429:
             responses[str(code)]["headers"] = {
                 "Retry-After": {

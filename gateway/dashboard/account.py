@@ -1,8 +1,10 @@
 """Signing up, logging in and out, accepting an invitation, switching workspaces, and the
-account page: the address and its verification, pending invitations, the password."""
+account page: the address and its verification, pending invitations, the apps connected with
+OAuth (and revoking one, here or from the workspace settings), the password."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +21,7 @@ from gateway.dashboard.pages import (
     call,
     field_text,
     parse_uuid,
+    path_id,
     redirect,
     render,
     safe_next,
@@ -27,6 +30,7 @@ from gateway.dashboard.pages import (
 )
 from gateway.db import dashboard_sessions as sessions_db
 from gateway.db import invites as invites_db
+from gateway.db import oauth_grants as grants_db
 from gateway.errors import ApiError, BadRequest, Forbidden, NotFound
 from gateway.keys import POOL, SETTINGS
 from gateway.security.tokens import InvalidToken, read_email_token
@@ -196,9 +200,12 @@ async def _account(
     """The account page; `failed` names the form whose `errors` it shows."""
     # As GET /auth/me answers: the tokens of invitations only for a verified address.
     me = await call(request, auth_api.me)
+    session = request[sessions.SESSION]
+    grants = await grants_db.list_for_user(request.app[POOL], session.user_id)
     return {
         "section": "account",
         "me": me,
+        "connected_apps": connected_apps(grants, session.workspace_id),
         "emails_sent": request.app[SETTINGS].smtp_url is not None,
         "failed": failed,
         "errors": errors or {},
@@ -216,6 +223,36 @@ async def _account_refused(
     if isinstance(exc, ApiError):
         response.headers.update(exc.headers)  # Retry-After
     return response
+
+
+def connected_apps(
+    grants: list[dict[str, Any]], workspace_id: uuid.UUID | None
+) -> list[dict[str, Any]]:
+    """Grants as "Connected apps" lists them: what each opens (a server or a toolset, with a
+    link to its page when it is in the workspace the dashboard shows, whose pages those are)."""
+    for grant in grants:
+        kind = "server" if grant["server_id"] is not None else "toolset"
+        grant["kind"] = kind
+        target = grant["server_id"] or grant["toolset_id"]
+        here = grant["workspace_id"] == workspace_id
+        grant["link"] = f"/{kind}s/{target}" if here else None
+        # A client known by its metadata document is named by that document's address too.
+        client_id = grant["client_id"]
+        grant["client_url"] = client_id if client_id.startswith("https://") else ""
+    return grants
+
+
+@pages.post("/connected-apps/{grant_id}/revoke")
+async def revoke_connected_app(request: web.Request) -> web.StreamResponse:
+    """Its member revokes a grant, or an admin or owner of its workspace does; anyone else
+    finds nothing there. The app's tokens stop working at once, in every process."""
+    grant_id = path_id(request, "grant_id", "connected app")
+    user_id = request[sessions.SESSION].user_id
+    if not await grants_db.delete(request.app[POOL], grant_id, user_id):
+        raise NotFound("connected app not found")
+    # At once here; other processes drop it when the trigger's NOTIFY reaches them.
+    request.app[AUTHENTICATOR].grants.forget(grant_id)
+    return redirect(safe_next(field_text(request, "next") or "/account#connected-apps"))
 
 
 @pages.post("/account/password")

@@ -1,5 +1,5 @@
 """Workspace settings: the workspace itself, its members and invitations, its API keys and
-what each may do (its scope)."""
+what each may do (its scope), and the apps its members connected with OAuth (admins)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from gateway.api.workspaces import (
     WorkspaceIn,
     WorkspacePatch,
 )
+from gateway.dashboard.account import connected_apps
 from gateway.dashboard.filters import plural
 from gateway.dashboard.pages import (
     ROLE,
@@ -39,6 +40,7 @@ from gateway.dashboard.pages import (
 )
 from gateway.dashboard.sessions import SESSION
 from gateway.db import dashboard_sessions as sessions_db
+from gateway.db import oauth_grants as grants_db
 from gateway.errors import DUPLICATES, ApiError, NotFound
 from gateway.keys import POOL, SETTINGS
 from gateway.policy.rules import PERMISSIONS
@@ -77,8 +79,12 @@ async def _context(
     for item in api_keys:
         item["created_by_name"] = names.get(item["created_by"])
         item["scope"] = scope_summary(item)
-    # The create form's server checkboxes: only admins see that form.
-    servers = await _servers(request) if request[ROLE].rank >= Role.ADMIN.rank else []
+    # The create form's server checkboxes, and every member's connected apps: admins only.
+    is_admin = request[ROLE].rank >= Role.ADMIN.rank
+    servers = await _servers(request) if is_admin else []
+    grants: list[dict[str, Any]] = []
+    if is_admin:
+        grants = await grants_db.list_for_workspace(request.app[POOL], workspace_id)
     return {
         "section": "settings",
         "workspace": workspace,
@@ -86,6 +92,7 @@ async def _context(
         "invites": invites,
         "api_keys": api_keys,
         "servers": servers,
+        "connected_apps": connected_apps(grants, workspace_id),
         "new_key": _NEW_KEY,
         "me": request[SESSION].user_id,
         "failed": failed,

@@ -190,9 +190,10 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     unchanged, SSE streamed event by event. Every `tools/call` (also inside a JSON-RPC batch) is
     logged as a tool call, `error` when the HTTP status is not 2xx, the exchange failed, or its
     JSON-RPC response is an error or a result with `isError: true`; `X-Caller-Agent` names the
-    caller. An unreachable server is 502, one that does not answer within
-    GATEWAY_PROXY_TIMEOUT_SECONDS 504 (a stream that keeps sending is never cut; one silent for
-    that long is), and one that answers a status outside 200..599 (a 101 included) 502.
+    caller (without it, an OAuth token's client, by name). An unreachable server is 502, one
+    that does not answer within GATEWAY_PROXY_TIMEOUT_SECONDS 504 (a stream that keeps sending
+    is never cut; one silent for that long is), and one that answers a status outside
+    200..599 (a 101 included) 502.
 
     A call is logged once, when it ends (2026-07-28). A result with `resultType:
     "input_required"` is no row: the client retries the call with `inputResponses`, and the
@@ -216,7 +217,15 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
     a JSON-RPC error -32003 to its id, and one over the key's or the server's `rate_limit` 429
     with Retry-After and -32029; each refused call is logged (`error`, "refused: ..."). A
     `tools/list` reply is cut to the tools the caller may call when a tool rule applies to it,
-    and marked `cacheScope: "private"`; every other reply passes byte for byte."""
+    and marked `cacheScope: "private"`; every other reply passes byte for byte.
+
+    Credentials: an API key, an access token, or an OAuth access token issued for this very
+    URL (its `resource`, RFC 8707; docs/behaviour.md, "OAuth tokens on MCP URLs"), which acts
+    as the member who consented until they leave the workspace or the grant is revoked. When
+    the gateway offers OAuth (an https or loopback PUBLIC_URL), a 401 carries
+    `WWW-Authenticate: Bearer resource_metadata="<PUBLIC_URL>/.well-known/
+    oauth-protected-resource/api/v1/proxy/{server_id}/mcp"` (RFC 9728), with
+    `error="invalid_token"` when the credential sent was refused."""
     started = time.perf_counter()
     proxying = request.app[PROXYING]
     principal = request[PRINCIPAL]

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
+from gateway.accounts.access import PRINCIPAL
 from gateway.calllog.records import ToolCall, clean_text, new_call_id
 from gateway.calllog.writer import CallLog, Reservation
 from gateway.ops.metrics import Metrics, observe
@@ -144,9 +145,16 @@ def _verdict(call: ToolCallSeen, outcome: Outcome) -> str | None:
 
 
 def caller_agent(request: web.Request) -> str | None:
-    """X-Caller-Agent, as the call log stores it."""
+    """X-Caller-Agent, as the call log stores it; without one, an OAuth token's client name
+    (so the log tells Claude from ChatGPT from your own agents)."""
     caller = request.headers.get("X-Caller-Agent")
-    return None if caller is None else clean_text(caller)[:_MAX_CALLER_AGENT]
+    if caller is None:
+        # (Every MCP route authenticates first. Not request.get(): twice the cost, paid by
+        # every API key's call that sends no header.)
+        caller = request[PRINCIPAL].client_name
+        if caller is None:
+            return None
+    return clean_text(caller)[:_MAX_CALLER_AGENT]
 
 
 def record_calls(

@@ -172,7 +172,14 @@ async def toolset_mcp(request: web.Request, toolset_id: uuid.UUID) -> web.Stream
     `tasks/list` is -32601. A session id that is forged, expired (after 24 hours), of another
     toolset or of another caller is 404: the client initialises again. There is no GET (no
     server-initiated stream: 405, which clients take as such); JSON-RPC batches are refused
-    (-32600)."""
+    (-32600).
+
+    Credentials as for the proxy: an API key, an access token, or an OAuth access token issued
+    for this toolset's URL, acting as the member who consented (calls without
+    `X-Caller-Agent` are logged with its client's name). When the gateway offers OAuth, a 401
+    carries `WWW-Authenticate: Bearer resource_metadata="<PUBLIC_URL>/.well-known/
+    oauth-protected-resource/api/v1/toolsets/{toolset_id}/mcp"` (RFC 9728), with
+    `error="invalid_token"` when the credential sent was refused."""
     started = time.perf_counter()
     endpoint = request.app[TOOLSET_ENDPOINT]
     proxying = request.app[PROXYING]

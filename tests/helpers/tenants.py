@@ -10,6 +10,7 @@ import asyncpg
 
 from tests.helpers.alerting import add_rule, add_server, evaluate, ingest
 from tests.helpers.api import Account, Api
+from tests.helpers.oauth_grants import grant, proxy_path
 from tests.helpers.toolset_calls import write_calls
 
 Ids = dict[str, str]
@@ -48,6 +49,7 @@ async def arrange_victim(api: Api) -> Victim:
         api, owner.workspace_id, [{**through, "created_at": now, "toolset_id": toolset_id}]
     )
     await evaluate(api)
+    connected = await grant(api, owner, proxy_path(server_id), "victim-app")
     events = await api.get("/alerts/events", auth=owner, expect=200)
     calls = await api.get("/tool-calls", auth=owner, expect=200)
     ids = {
@@ -60,6 +62,7 @@ async def arrange_victim(api: Api) -> Victim:
         "rule_id": rule["id"],
         "event_id": events.body["items"][0]["id"],
         "call_id": calls.body["items"][0]["id"],
+        "grant_id": str(connected.grant_id),
     }
     secrets = (
         *ids.values(),
@@ -68,6 +71,7 @@ async def arrange_victim(api: Api) -> Victim:
         "victim-toolset",
         "victim-rule",
         "victim-tool",
+        "victim-app",
     )
     return Victim(owner, ids, secrets)
 
