@@ -45,6 +45,7 @@ from gateway.db.schema import apply_schema
 from gateway.errors import error_middleware
 from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.tool_list_budget import ToolListMemory
+from gateway.oauth.endpoints import oauth_context, setup_oauth
 from gateway.ops import snapshots
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
@@ -219,6 +220,7 @@ def create_app(settings: Settings) -> web.Application:
     openapi.add_docs_static(app)
     setup_discovery(app)
     setup_dashboard(app)
+    setup_oauth(app)
     setup_readiness(app)
     app.cleanup_ctx.extend(
         [
@@ -228,6 +230,7 @@ def create_app(settings: Settings) -> web.Application:
             task_follower_context,
             snapshots.metrics_context,
             _http_client,
+            oauth_context,
             _shared_cache,
             _schema_checker,
             _background_tasks,

@@ -15,6 +15,8 @@ from aiohttp import web
 from gateway.accounts.access import PUBLIC
 from gateway.api.models import NUL_FREE, DocumentSchema
 from gateway.api.routing import API_PREFIX, Endpoint, Routes, json_response
+from gateway.api import discovery
+from gateway.oauth import endpoints as oauth_endpoints
 from gateway.ops.readiness import OPENAPI_PATHS
 
 _REF = "#/components/schemas/{model}"
@@ -157,6 +159,8 @@ def build_document(endpoints: Iterable[Endpoint], version: str) -> dict[str, Any
             endpoint, components
         )
     paths.update(OPENAPI_PATHS)
+    paths.update(discovery.OPENAPI_PATHS)
+    paths.update(oauth_endpoints.OPENAPI_PATHS)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -3,6 +3,8 @@ a 401 finds how to get a token for one (RFC 9728)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 METADATA_PREFIX = "/.well-known/oauth-protected-resource"
 
 
@@ -14,3 +16,14 @@ def resource_url(base_url: str, path: str) -> str:
 def metadata_url(base_url: str, path: str) -> str:
     """Where the protected resource metadata of the MCP URL at `path` is (RFC 9728 3.1)."""
     return base_url + METADATA_PREFIX + path
+
+
+def protected_resource_metadata(base_url: str, path: str) -> dict[str, Any]:
+    """RFC 9728 for the MCP URL at `path`: the gateway is its one authorization server, and
+    tokens come in the Authorization header only. No scopes: a token is for one MCP URL."""
+    return {
+        "resource": resource_url(base_url, path),
+        "authorization_servers": [base_url],
+        "bearer_methods_supported": ["header"],
+        "resource_name": "mcp-gateway",
+    }
