@@ -116,8 +116,16 @@ class OAuthHttp:
         client_id: str = reply.body["client_id"]
         return client_id
 
-    async def sign_in(self, email: str, password: str = "password123", next_page: str = "/") -> Reply:
+    async def sign_in(
+        self, email: str, password: str = "password123", next_page: str = "/"
+    ) -> Reply:
+        """Sign in to the dashboard (signing out whoever was signed in first)."""
         page = await self._call("GET", "/login")
+        if page.status == 303:  # signed in already
+            account = await self._call("GET", "/account")
+            token = dict(hidden_fields(account.body))["csrf_token"]
+            await self._call("POST", "/logout", data={"csrf_token": token})
+            page = await self._call("GET", "/login")
         fields = dict(hidden_fields(page.body))
         form = {**fields, "email": email, "password": password, "next": next_page}
         reply = await self._call("POST", "/login", data=form)
