@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.config import Settings
 from gateway.errors import json_error
 from gateway.keys import SETTINGS
 from gateway.oauth import oauth_refusal
@@ -55,9 +56,15 @@ def _not_here(request: web.Request, detail: str) -> web.Response:
     return json_error(404, detail, dict(cors.ANSWER_HEADERS))
 
 
+def no_oauth(settings: Settings) -> str | None:
+    """What a client reads when OAuth is off: why, and what the gateway takes instead."""
+    refusal = oauth_refusal(settings)
+    return None if refusal is None else f"{refusal}; meanwhile {API_KEYS}"
+
+
 def _off(request: web.Request) -> web.Response | None:
-    refusal = oauth_refusal(request.app[SETTINGS])
-    return None if refusal is None else _not_here(request, f"{refusal}; meanwhile {API_KEYS}")
+    detail = no_oauth(request.app[SETTINGS])
+    return None if detail is None else _not_here(request, detail)
 
 
 async def _preflight(request: web.Request) -> web.Response:
@@ -117,6 +124,7 @@ def setup_discovery(app: web.Application) -> None:
 
 
 _METADATA_SCHEMA = {"type": "object"}
+_ID = {"type": "string", "format": "uuid"}
 
 
 def _described(op_id: str, summary: str, *, with_id: bool = False) -> dict[str, Any]:
@@ -129,8 +137,7 @@ def _described(op_id: str, summary: str, *, with_id: bool = False) -> dict[str, 
             "operationId": op_id,
             "security": [],
             **(
-                {"parameters": [{"name": "id", "in": "path", "required": True,
-                                 "schema": {"type": "string"}}]}
+                {"parameters": [{"name": "id", "in": "path", "required": True, "schema": _ID}]}
                 if with_id
                 else {}
             ),

@@ -13,9 +13,9 @@ import pydantic
 from aiohttp import web
 
 from gateway.accounts.access import PUBLIC
+from gateway.api import discovery
 from gateway.api.models import NUL_FREE, DocumentSchema
 from gateway.api.routing import API_PREFIX, Endpoint, Routes, json_response
-from gateway.api import discovery
 from gateway.oauth import endpoints as oauth_endpoints
 from gateway.ops.readiness import OPENAPI_PATHS
 
@@ -161,6 +161,7 @@ def build_document(endpoints: Iterable[Endpoint], version: str) -> dict[str, Any
     paths.update(OPENAPI_PATHS)
     paths.update(discovery.OPENAPI_PATHS)
     paths.update(oauth_endpoints.OPENAPI_PATHS)
+    components.schemas.update(oauth_endpoints.OPENAPI_SCHEMAS)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -72,7 +72,9 @@ async def find_client(db: Executor, client_id: str) -> ClientRow | None:
 async def insert_client(
     db: Executor, client_id: str, name: str, redirect_uris: list[str], metadata: dict[str, Any]
 ) -> None:
-    await db.execute(_INSERT_CLIENT, client_id, name, redirect_uris, orjson.dumps(metadata).decode())
+    await db.execute(
+        _INSERT_CLIENT, client_id, name, redirect_uris, orjson.dumps(metadata).decode()
+    )
 
 
 async def save_document(
@@ -131,9 +133,7 @@ RETURNING grant_id
 _DELETE_GRANT = "DELETE FROM oauth_grants WHERE id = $1"
 
 
-async def insert_code(
-    db: Executor, code_hash: str, code: CodeRow, lifetime_seconds: float
-) -> None:
+async def insert_code(db: Executor, code_hash: str, code: CodeRow, lifetime_seconds: float) -> None:
     await db.execute(
         _INSERT_CODE,
         code_hash,

@@ -107,9 +107,7 @@ async def _read_form(request: web.Request, server: GatewayAuthorizationServer) -
         form = await request.post()
     except (UnicodeDecodeError, ValueError):
         form = None  # authlib refuses the missing parameters
-    fields = (
-        {k: v for k, v in form.items() if isinstance(v, str)} if form is not None else {}
-    )
+    fields = {k: v for k, v in form.items() if isinstance(v, str)} if form is not None else {}
     from multidict import MultiDict, MultiDictProxy
 
     return await Incoming.read(request, server.issuer, form=MultiDictProxy(MultiDict(fields)))
@@ -129,9 +127,7 @@ async def register(request: web.Request) -> web.StreamResponse:
     except orjson.JSONDecodeError:
         body = None
     if not isinstance(body, dict):
-        return _rfc_error(
-            400, "invalid_client_metadata", "the registration must be a JSON object"
-        )
+        return _rfc_error(400, "invalid_client_metadata", "the registration must be a JSON object")
     incoming = await Incoming.read(request, server.issuer, json=body)
     answer: Answer = await server.bridge.run(
         server.create_endpoint_response, "client_registration", incoming
@@ -193,12 +189,16 @@ async def oauth_context(app: web.Application) -> AsyncIterator[None]:
 
 # -- OpenAPI -----------------------------------------------------------------------------------
 
-_OAUTH_ERROR = {
-    "type": "object",
-    "properties": {"error": {"type": "string"}, "error_description": {"type": "string"}},
-    "required": ["error"],
-    "title": "OAuthError",
+# The shape of every OAuth error (RFC 6749 5.2), a component of the document.
+OPENAPI_SCHEMAS: dict[str, Any] = {
+    "OAuthError": {
+        "type": "object",
+        "properties": {"error": {"type": "string"}, "error_description": {"type": "string"}},
+        "required": ["error"],
+        "title": "OAuthError",
+    }
 }
+_OAUTH_ERROR = {"$ref": "#/components/schemas/OAuthError"}
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
 
@@ -237,8 +237,9 @@ def _operation(op_id: str, summary: str, responses: dict[str, Any], **more: Any)
     }
 
 
-_REDIRECT = {"description": "To the client's redirect URI (code or error, state, iss), or to "
-             "the login page"}
+_REDIRECT = {
+    "description": "To the client's redirect URI (code or error, state, iss), or to the login page"
+}
 _PAGE = {"description": "A page", "content": {"text/html": {"schema": {"type": "string"}}}}
 
 OPENAPI_PATHS: dict[str, Any] = {
@@ -247,8 +248,7 @@ OPENAPI_PATHS: dict[str, Any] = {
             "oauth_register",
             "Register a public OAuth client (RFC 7591)",
             {
-                "201": _json("The client's information (no secret: public clients only)",
-                             _OBJECT),
+                "201": _json("The client's information (no secret: public clients only)", _OBJECT),
                 "400": _json("invalid_redirect_uri or invalid_client_metadata", _OAUTH_ERROR),
                 "404": _OFF,
                 "408": _json("The body did not arrive in time", _OAUTH_ERROR),
@@ -264,8 +264,9 @@ OPENAPI_PATHS: dict[str, Any] = {
             "Exchange an authorization code (PKCE S256), or a refresh token (rotated)",
             {
                 "200": _json("An access token for one MCP URL, and a refresh token", _OBJECT),
-                "400": _json("An RFC 6749 error (invalid_grant, invalid_target, ...)",
-                             _OAUTH_ERROR),
+                "400": _json(
+                    "An RFC 6749 error (invalid_grant, invalid_target, ...)", _OAUTH_ERROR
+                ),
                 "401": _json("invalid_client", _OAUTH_ERROR),
                 "404": _OFF,
                 "408": _json("The body did not arrive in time", _OAUTH_ERROR),
@@ -273,8 +274,15 @@ OPENAPI_PATHS: dict[str, Any] = {
             },
             requestBody=_form_body(
                 ["grant_type", "client_id"],
-                ["grant_type", "client_id", "code", "redirect_uri", "code_verifier",
-                 "refresh_token", "resource"],
+                [
+                    "grant_type",
+                    "client_id",
+                    "code",
+                    "redirect_uri",
+                    "code_verifier",
+                    "refresh_token",
+                    "resource",
+                ],
             ),
         )
     },
@@ -289,16 +297,23 @@ OPENAPI_PATHS: dict[str, Any] = {
                 "404": _OFF,
                 "408": _json("The body did not arrive in time", _OAUTH_ERROR),
             },
-            requestBody=_form_body(["token", "client_id"], ["token", "token_type_hint",
-                                                           "client_id"]),
+            requestBody=_form_body(
+                ["token", "client_id"], ["token", "token_type_hint", "client_id"]
+            ),
         )
     },
     "/oauth/authorize": {
         "get": _operation(
             "oauth_authorize",
             "Authorization endpoint: sign in, then the consent page (a browser page)",
-            {"200": _PAGE, "302": _REDIRECT, "303": _REDIRECT, "400": _PAGE, "403": _PAGE,
-             "404": _PAGE},
+            {
+                "200": _PAGE,
+                "302": _REDIRECT,
+                "303": _REDIRECT,
+                "400": _PAGE,
+                "403": _PAGE,
+                "404": _PAGE,
+            },
         ),
         "post": _operation(
             "oauth_consent",

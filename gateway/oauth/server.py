@@ -537,7 +537,9 @@ class _Claims(ClientMetadataClaims):  # type: ignore[misc]
     def validate_client_name(self) -> None:
         name = self.get("client_name")
         if name is not None and (
-            not isinstance(name, str) or not name.strip() or len(name) > clients_module.MAX_NAME_CHARS
+            not isinstance(name, str)
+            or not name.strip()
+            or len(name) > clients_module.MAX_NAME_CHARS
         ):
             raise InvalidClientMetadataError("client_name must be 1 to 200 characters")
 
@@ -583,7 +585,7 @@ class _Registration(ClientRegistrationEndpoint):  # type: ignore[misc]
         return info
 
     def generate_client_id(self, request: Any) -> str:
-        return "mcpg-" + generate_token(32)
+        return "mcpg-" + str(generate_token(32))
 
     def save_client(
         self, client_info: dict[str, Any], client_metadata: dict[str, Any], request: Any

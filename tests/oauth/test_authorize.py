@@ -79,7 +79,9 @@ async def test_a_name_its_redirect_host_does_not_mention_is_warned_about(
 ) -> None:
     client_id = await http.client_id(name="Claude", redirect_uris=["https://evil.example/cb"])
     await http.sign_in(member.account.email)
-    request = AuthorizationRequest(client_id, member.resource, redirect_uri="https://evil.example/cb")
+    request = AuthorizationRequest(
+        client_id, member.resource, redirect_uri="https://evil.example/cb"
+    )
     page = await http.authorize_page(request)
     assert page.status == 200
     assert 'id="mismatch-warning"' in page.body and "evil.example" in page.body
@@ -93,7 +95,9 @@ async def test_a_hostile_client_name_is_shown_as_text(http: OAuthHttp, member: M
         assert page.status == 200
         assert name not in page.body
         assert "<script>alert" not in page.body and "<img src=x" not in page.body
-        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.body or "&#34;&gt;&lt;img" in page.body
+        assert (
+            "&lt;script&gt;alert(1)&lt;/script&gt;" in page.body or "&#34;&gt;&lt;img" in page.body
+        )
 
 
 async def test_a_non_member_cannot_consent(
@@ -211,7 +215,10 @@ async def test_other_errors_go_back_to_the_client_with_state_and_issuer(
     client_id = await http.client_id()
     await http.sign_in(member.account.email)
     cases = {
-        "missing PKCE": ({"code_challenge": None, "code_challenge_method": None}, "invalid_request"),
+        "missing PKCE": (
+            {"code_challenge": None, "code_challenge_method": None},
+            "invalid_request",
+        ),
         "plain PKCE": ({"code_challenge_method": "plain"}, "invalid_request"),
         "no method": ({"code_challenge_method": None}, "invalid_request"),
         "no resource": ({"resource": None}, "invalid_target"),

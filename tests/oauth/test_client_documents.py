@@ -45,15 +45,25 @@ class DocumentServer:
     def url(self, name: str) -> str:
         return f"{self.base}/{name}"
 
-    def serve(self, name: str, document: Any = None, *, status: int = 200,
-              raw: bytes | None = None, headers: dict[str, str] | None = None,
-              wait: float = 0.0) -> str:
+    def serve(
+        self,
+        name: str,
+        document: Any = None,
+        *,
+        status: int = 200,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        wait: float = 0.0,
+    ) -> str:
         import orjson
 
         url = self.url(name)
         if document is None and raw is None:
-            document = {"client_id": url, "client_name": "Doc Client",
-                        "redirect_uris": [REDIRECT_URI]}
+            document = {
+                "client_id": url,
+                "client_name": "Doc Client",
+                "redirect_uris": [REDIRECT_URI],
+            }
         body = raw if raw is not None else orjson.dumps(document)
         self.answers["/" + name] = (status, body, headers or {}, wait)
         return url
@@ -63,8 +73,9 @@ class DocumentServer:
         status, body, headers, wait = self.answers[request.path]
         if wait:
             await asyncio.sleep(wait)
-        return web.Response(status=status, body=body, headers=headers,
-                            content_type="application/json")
+        return web.Response(
+            status=status, body=body, headers=headers, content_type="application/json"
+        )
 
 
 @dataclass
@@ -137,6 +148,7 @@ async def test_a_document_client_authorizes_and_gets_tokens(
     # Fetched once, then cached (in this process and in oauth_clients).
     assert w.documents.hits["/client.json"] == 1
     row = await db.fetchrow("SELECT * FROM oauth_clients WHERE client_id = $1", client_id)
+    assert row is not None
     assert not row["registered"] and row["fetched_at"] is not None
     grant = await db.fetchval("SELECT client_name FROM oauth_grants")
     assert grant == "Doc Client"
@@ -156,8 +168,11 @@ async def test_a_document_naming_another_client_id_is_refused(
     _, resource = await _member(w)
     url = w.documents.serve(
         "liar.json",
-        {"client_id": "https://claude.ai/client.json", "client_name": "Claude",
-         "redirect_uris": [REDIRECT_URI]},
+        {
+            "client_id": "https://claude.ai/client.json",
+            "client_name": "Claude",
+            "redirect_uris": [REDIRECT_URI],
+        },
     )
     await _refused(w, url, resource, "another client_id")
     assert await db.fetchval("SELECT count(*) FROM oauth_clients") == 0
@@ -224,7 +239,7 @@ async def test_a_stale_document_is_fetched_again(
     await db.execute("UPDATE oauth_clients SET fetched_at = now() - interval '2 hours'")
     # Another process (no copy in its memory) finds the row stale and fetches the document.
     other = await world()
-    await other.http.sign_in((await db.fetchval("SELECT email FROM users LIMIT 1")))
+    await other.http.sign_in(await db.fetchval("SELECT email FROM users LIMIT 1"))
     w.documents.serve(
         "client.json",
         {"client_id": url, "client_name": "Renamed", "redirect_uris": [REDIRECT_URI]},

@@ -72,8 +72,11 @@ async def test_browsers_may_read_the_documents(http: OAuthHttp) -> None:
     reply = await http._call(
         "OPTIONS",
         AS_PATH,
-        headers={"Origin": "http://localhost:6274", "Access-Control-Request-Method": "GET",
-                 "Access-Control-Request-Headers": "mcp-protocol-version"},
+        headers={
+            "Origin": "http://localhost:6274",
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "mcp-protocol-version",
+        },
     )
     assert reply.status == 204
     assert reply.headers["Access-Control-Allow-Origin"] == "*"

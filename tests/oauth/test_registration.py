@@ -33,6 +33,7 @@ async def test_a_public_client_is_registered(http: OAuthHttp, db: asyncpg.Connec
     assert body["token_endpoint_auth_method"] == "none"
     assert "client_secret" not in body
     row = await db.fetchrow("SELECT * FROM oauth_clients WHERE client_id = $1", body["client_id"])
+    assert row is not None
     assert row["registered"] and row["client_name"] == "My agent"
 
 
@@ -78,10 +79,14 @@ async def test_bad_metadata_is_refused(http: OAuthHttp, db: asyncpg.Connection) 
         ({"client_name": "x"}, "invalid_redirect_uri"),  # no redirect_uris
         ({"redirect_uris": []}, "invalid_redirect_uri"),
         ({"redirect_uris": ["https://a.example/cb"] * 11}, "invalid_redirect_uri"),
-        ({"redirect_uris": ["https://a.example/cb"], "client_name": "n" * 201},
-         "invalid_client_metadata"),
-        ({"redirect_uris": ["https://a.example/cb"], "grant_types": ["password"]},
-         "invalid_client_metadata"),
+        (
+            {"redirect_uris": ["https://a.example/cb"], "client_name": "n" * 201},
+            "invalid_client_metadata",
+        ),
+        (
+            {"redirect_uris": ["https://a.example/cb"], "grant_types": ["password"]},
+            "invalid_client_metadata",
+        ),
     ):
         reply = await http._call("POST", "/oauth/register", json=body)
         assert reply.status == 400, (body, reply.body)
@@ -97,8 +102,11 @@ async def test_bad_metadata_is_refused(http: OAuthHttp, db: asyncpg.Connection) 
 async def test_a_registration_over_64_kib_is_refused(
     http: OAuthHttp, db: asyncpg.Connection
 ) -> None:
-    body = {"redirect_uris": ["https://a.example/cb"], "client_uri": "https://a.example/",
-            "padding": "x" * (64 * 1024)}
+    body = {
+        "redirect_uris": ["https://a.example/cb"],
+        "client_uri": "https://a.example/",
+        "padding": "x" * (64 * 1024),
+    }
     reply = await http._call("POST", "/oauth/register", json=body)
     assert reply.status == 413 and reply.body["error"] == "invalid_client_metadata"
     assert await _count(db) == 0

@@ -29,9 +29,7 @@ async def test_expired_rows_and_unused_clients_go_live_grants_stay(
         "WHERE rotated_at IS NOT NULL"
     )
     unused = await http.client_id()
-    await db.execute(
-        "UPDATE oauth_clients SET created_at = now() - interval '31 days'"
-    )
+    await db.execute("UPDATE oauth_clients SET created_at = now() - interval '31 days'")
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
     try:
         done = await run_once(pool, settings)

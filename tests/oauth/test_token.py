@@ -39,6 +39,7 @@ async def test_a_code_becomes_tokens_for_its_resource_as_its_member(
     assert str(claims.user_id) == member.account.user_id
     assert str(claims.workspace_id) == member.account.workspace_id
     grant = await db.fetchrow("SELECT * FROM oauth_grants WHERE id = $1", claims.grant_id)
+    assert grant is not None
     assert grant["client_name"] == "Test client" and grant["resource"] == member.resource
     assert str(grant["server_id"]) == member.server_id and grant["toolset_id"] is None
     # Only hashes are kept.
@@ -112,7 +113,9 @@ async def test_a_refresh_token_is_rotated(http: OAuthHttp, member: Member) -> No
     assert second.status == 200, second.body
     assert second.body["refresh_token"] != first["refresh_token"]
     claims = read_oauth_token(SECRET, second.body["access_token"], member.resource)
-    assert claims.grant_id == read_oauth_token(SECRET, first["access_token"], member.resource).grant_id
+    assert (
+        claims.grant_id == read_oauth_token(SECRET, first["access_token"], member.resource).grant_id
+    )
     third = await http.refresh(request.client_id, second.body["refresh_token"])
     assert third.status == 200
 
