@@ -17,7 +17,6 @@ client: the authorize endpoint shows why, and never redirects to an unverified c
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import re
 import ssl
@@ -319,13 +318,6 @@ def _validated_document(url: str, document: dict[str, Any]) -> tuple[str, list[s
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS:
         raise ClientRefused(f"{where} has a client_name that is not 1 to 200 characters")
     return name.strip(), uris
-
-
-def loopback_host(host: str | None) -> bool:
-    try:
-        return host == "localhost" or (host is not None and ipaddress.ip_address(host).is_loopback)
-    except ValueError:
-        return False
 
 
 CLIENTS: web.AppKey[Clients] = web.AppKey("oauth_clients", Clients)

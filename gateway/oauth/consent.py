@@ -52,6 +52,7 @@ async def authorize_page(request: web.Request) -> web.StreamResponse:
     consent, target = await _consent(request, oauth_request)
     client = oauth_request.client
     redirect_uri = oauth_request.payload.redirect_uri
+    assert redirect_uri is not None  # required, and checked by the grant
     params = [(k, v) for k, v in incoming.query.items() if k not in _OWN_FIELDS]
     context = {
         "client_name": client.client_name,

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from multidict import MultiDict, MultiDictProxy
 
 from gateway.accounts.ratelimit import RATE_LIMITER, client_address
 from gateway.api.routing import read_bytes
@@ -108,7 +109,6 @@ async def _read_form(request: web.Request, server: GatewayAuthorizationServer) -
     except (UnicodeDecodeError, ValueError):
         form = None  # authlib refuses the missing parameters
     fields = {k: v for k, v in form.items() if isinstance(v, str)} if form is not None else {}
-    from multidict import MultiDict, MultiDictProxy
 
     return await Incoming.read(request, server.issuer, form=MultiDictProxy(MultiDict(fields)))
 

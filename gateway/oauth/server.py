@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import re
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import asyncpg
+import jwt
 import orjson
 from aiohttp import web
 from authlib.common.security import generate_token
@@ -51,7 +52,6 @@ from gateway.db import oauth as oauth_db
 from gateway.db.oauth import CodeRow, GrantRow
 from gateway.oauth import clients as clients_module
 from gateway.oauth.clients import BadRedirectUri, Client, ClientRefused, Clients
-from gateway.oauth.resources import METADATA_PREFIX
 from gateway.security.tokens import (
     InvalidToken,
     OAuthClaims,
@@ -108,22 +108,12 @@ class Resource:
 
 def parse_resource(base_url: str, url: str | None) -> Resource | None:
     """The MCP URL `url` names under `base_url`, or None if it is none of ours."""
-    import re
-
     if not url or not url.startswith(base_url + "/"):
         return None
     match = re.fullmatch(_RESOURCE_PATH, url[len(base_url) :])
     if match is None:
         return None
     return Resource(url, match[1], uuid.UUID(match[2]))
-
-
-def resource_of_metadata_path(path: str) -> str | None:
-    """The MCP URL path of a protected resource metadata path, or None if none of ours."""
-    import re
-
-    rest = path.removeprefix(METADATA_PREFIX)
-    return rest if rest != path and re.fullmatch(_RESOURCE_PATH, rest) else None
 
 
 # -- the aiohttp face -------------------------------------------------------------------------
@@ -169,12 +159,29 @@ class _Payload:
         self.data = {key: params[key] for key in params}
         self.datalist = {key: params.getall(key) for key in params}
 
-    client_id = property(lambda self: self.data.get("client_id"))
-    response_type = property(lambda self: self.data.get("response_type"))
-    grant_type = property(lambda self: self.data.get("grant_type"))
-    redirect_uri = property(lambda self: self.data.get("redirect_uri"))
-    scope = property(lambda self: self.data.get("scope"))
-    state = property(lambda self: self.data.get("state"))
+    @property
+    def client_id(self) -> str | None:
+        return self.data.get("client_id")
+
+    @property
+    def response_type(self) -> str | None:
+        return self.data.get("response_type")
+
+    @property
+    def grant_type(self) -> str | None:
+        return self.data.get("grant_type")
+
+    @property
+    def redirect_uri(self) -> str | None:
+        return self.data.get("redirect_uri")
+
+    @property
+    def scope(self) -> str | None:
+        return self.data.get("scope")
+
+    @property
+    def state(self) -> str | None:
+        return self.data.get("state")
 
 
 class _Request(OAuth2Request):  # type: ignore[misc]
@@ -255,7 +262,8 @@ class Bridge:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(_HOOK_SECONDS)
 
     def close(self) -> None:
-        self._threads.shutdown(wait=True)
+        # Not waited for on the event loop: a thread may be waiting for the loop itself.
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
 
 # -- what a member consented to ----------------------------------------------------------------
@@ -630,8 +638,6 @@ class _Revocation(RevocationEndpoint):  # type: ignore[misc]
 
 
 def _grant_of_access_token(server: GatewayAuthorizationServer, token: str) -> uuid.UUID | None:
-    import jwt
-
     try:
         audience = jwt.decode(token, options={"verify_signature": False}).get("aud")
         if not isinstance(audience, str):
@@ -661,10 +667,6 @@ def server_metadata(issuer: str) -> dict[str, Any]:
         "client_id_metadata_document_supported": True,
         "authorization_response_iss_parameter_supported": True,
     }
-
-
-def host_of(url: str) -> str:
-    return urlsplit(url).hostname or ""
 
 
 OAUTH_SERVER: web.AppKey[GatewayAuthorizationServer] = web.AppKey(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncpg
 
 from gateway.security.tokens import read_oauth_token
-from tests.helpers.api import Api
-from tests.helpers.oauth import AuthorizationRequest, OAuthHttp, mcp_url, pkce
+from tests.helpers.api import Api, AppFactory
+from tests.helpers.oauth import OAUTH_PUBLIC_URL, AuthorizationRequest, OAuthHttp, mcp_url, pkce
 from tests.oauth.conftest import Member
 
 SECRET = "test-secret-" + "x" * 40
@@ -196,3 +196,15 @@ async def test_unknown_grant_types_and_garbage_are_rfc_errors(http: OAuthHttp) -
         reply = await http._call("POST", "/oauth/token", data=form)
         assert reply.status in (400, 401), (form, reply.status)
         assert "error" in reply.body, form
+
+
+async def test_failed_attempts_are_rate_limited_per_address(make_api: AppFactory) -> None:
+    api = await make_api(public_url=OAUTH_PUBLIC_URL, auth_rate_limit="3/minute")
+    http = OAuthHttp(api.client.session, str(api.client.make_url("")))
+    client_id = await http.client_id()
+    for _ in range(3):
+        reply = await http.refresh(client_id, "guessed-token")
+        assert reply.status == 400 and reply.body["error"] == "invalid_grant"
+    limited = await http.refresh(client_id, "guessed-token")
+    assert limited.status == 429 and int(limited.headers["Retry-After"]) > 0
+    assert limited.body["error"] == "temporarily_unavailable"
