@@ -3,6 +3,8 @@ URI and resource they were issued for; refresh tokens rotated, a reused one endi
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from gateway.security.tokens import read_oauth_token
@@ -208,3 +210,27 @@ async def test_failed_attempts_are_rate_limited_per_address(make_api: AppFactory
     limited = await http.refresh(client_id, "guessed-token")
     assert limited.status == 429 and int(limited.headers["Retry-After"]) > 0
     assert limited.body["error"] == "temporarily_unavailable"
+
+
+async def test_a_code_raced_twice_leaves_no_grant(
+    http: OAuthHttp, member: Member, db: asyncpg.Connection
+) -> None:
+    # Whichever exchange wins, the other presents a used code: no grant may outlive that.
+    request, code = await _code(http, member)
+    replies = await asyncio.gather(http.exchange(request, code), http.exchange(request, code))
+    assert sorted(r.status for r in replies) in ([200, 400], [400, 400])
+    assert await _grants(db) == 0
+
+
+async def test_a_refresh_token_raced_twice_leaves_no_grant(
+    http: OAuthHttp, member: Member, db: asyncpg.Connection
+) -> None:
+    request, code = await _code(http, member)
+    tokens = (await http.exchange(request, code)).body
+    replies = await asyncio.gather(
+        http.refresh(request.client_id, tokens["refresh_token"]),
+        http.refresh(request.client_id, tokens["refresh_token"]),
+    )
+    assert sorted(r.status for r in replies) in ([200, 400], [400, 400])
+    assert await _grants(db) == 0
+    assert await db.fetchval("SELECT count(*) FROM oauth_refresh_tokens") == 0
