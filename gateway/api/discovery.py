@@ -15,6 +15,7 @@ offer, is a JSON 404 saying what to use instead, as are /register and /token at 
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -37,6 +38,12 @@ AUTHORIZATION_SERVER_PATH = "/.well-known/oauth-authorization-server"
 _RESOURCE_PATHS = (
     METADATA_PREFIX + "/api/v1/proxy/{id}/mcp",
     METADATA_PREFIX + "/api/v1/toolsets/{id}/mcp",
+)
+_DOCUMENTS = re.compile(
+    re.escape(AUTHORIZATION_SERVER_PATH)
+    + "|"
+    + re.escape(METADATA_PREFIX)
+    + "/api/v1/(proxy|toolsets)/[^/]+/mcp"
 )
 # Every other place clients look: at the root or followed by a path.
 _OTHER_PATHS = (
@@ -101,6 +108,8 @@ async def protected_resource(request: web.Request) -> web.Response:
 
 
 async def elsewhere(request: web.Request) -> web.Response:
+    if _DOCUMENTS.fullmatch(request.path):  # a document's path, another method than GET
+        return json_error(405, "method not allowed", {"Allow": "GET, OPTIONS"})
     off = _off(request)
     if off is not None:
         return off

@@ -127,3 +127,9 @@ async def test_with_a_plain_http_public_url_oauth_is_off_and_says_why(
     assert page.status == 404 and "PUBLIC_URL must be https" in page.body
     # The gateway itself works: API keys and accounts as before.
     await api.signup()
+
+
+async def test_the_documents_are_read_only(http: OAuthHttp) -> None:
+    for path in (AS_PATH, f"/.well-known/oauth-protected-resource/api/v1/proxy/{uuid.uuid4()}/mcp"):
+        reply = await http._call("POST", path)
+        assert reply.status == 405 and reply.headers["Allow"] == "GET, OPTIONS", path
