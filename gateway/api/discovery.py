@@ -36,8 +36,8 @@ API_KEYS = (
 )
 AUTHORIZATION_SERVER_PATH = "/.well-known/oauth-authorization-server"
 _RESOURCE_PATHS = (
-    METADATA_PREFIX + "/api/v1/proxy/{id}/mcp",
-    METADATA_PREFIX + "/api/v1/toolsets/{id}/mcp",
+    METADATA_PREFIX + "/api/v1/proxy/{server_id}/mcp",
+    METADATA_PREFIX + "/api/v1/toolsets/{toolset_id}/mcp",
 )
 _DOCUMENTS = re.compile(
     re.escape(AUTHORIZATION_SERVER_PATH)
@@ -100,7 +100,7 @@ async def protected_resource(request: web.Request) -> web.Response:
     if off is not None:
         return off
     try:
-        uuid.UUID(request.match_info["id"])
+        uuid.UUID(next(iter(request.match_info.values())))
     except ValueError:
         return _not_here(request, "no protected resource here: not an MCP URL of this gateway")
     path = request.path.removeprefix(METADATA_PREFIX)
@@ -133,10 +133,12 @@ def setup_discovery(app: web.Application) -> None:
 
 
 _METADATA_SCHEMA = {"type": "object"}
-_ID = {"type": "string", "format": "uuid"}
+# Any id in this form is answered alike (nothing is looked up): no "format": "uuid", which
+# would make it read as one of a workspace's own ids.
+_ID = {"type": "string", "pattern": "^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$"}
 
 
-def _described(op_id: str, summary: str, *, with_id: bool = False) -> dict[str, Any]:
+def _described(op_id: str, summary: str, *, with_id: str = "") -> dict[str, Any]:
     ok = {"content": {"application/json": {"schema": _METADATA_SCHEMA}}}
     error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     return {
@@ -146,7 +148,7 @@ def _described(op_id: str, summary: str, *, with_id: bool = False) -> dict[str, 
             "operationId": op_id,
             "security": [],
             **(
-                {"parameters": [{"name": "id", "in": "path", "required": True, "schema": _ID}]}
+                {"parameters": [{"name": with_id, "in": "path", "required": True, "schema": _ID}]}
                 if with_id
                 else {}
             ),
@@ -168,11 +170,11 @@ OPENAPI_PATHS: dict[str, Any] = {
     _RESOURCE_PATHS[0]: _described(
         "oauth_proxy_resource_metadata",
         "Protected resource metadata of a server's MCP URL (RFC 9728)",
-        with_id=True,
+        with_id="server_id",
     ),
     _RESOURCE_PATHS[1]: _described(
         "oauth_toolset_resource_metadata",
         "Protected resource metadata of a toolset's MCP URL (RFC 9728)",
-        with_id=True,
+        with_id="toolset_id",
     ),
 }

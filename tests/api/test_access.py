@@ -282,6 +282,20 @@ ROWS: dict[tuple[str, str], Row] = {
     # Outside /api/v1, for load balancers: open to anyone.
     ("GET", "/healthz"): R((200, 200, 200, 200, 200, 200)),
     ("GET", "/readyz"): R((200, 200, 200, 200, 200, 200)),
+    # OAuth (outside /api/v1): off here (PUBLIC_URL is plain http), 404 saying so to anyone;
+    # the consent form without its CSRF token is refused before anything else.
+    ("GET", "/.well-known/oauth-authorization-server"): R((404, 404, 404, 404, 404, 404)),
+    ("GET", "/.well-known/oauth-protected-resource/api/v1/proxy/{server_id}/mcp"): R(
+        (404, 404, 404, 404, 404, 404), params=server
+    ),
+    ("GET", "/.well-known/oauth-protected-resource/api/v1/toolsets/{toolset_id}/mcp"): R(
+        (404, 404, 404, 404, 404, 404), params=toolset
+    ),
+    ("POST", "/oauth/register"): R((404, 404, 404, 404, 404, 404)),
+    ("POST", "/oauth/token"): R((404, 404, 404, 404, 404, 404)),
+    ("POST", "/oauth/revoke"): R((404, 404, 404, 404, 404, 404)),
+    ("GET", "/oauth/authorize"): R((404, 404, 404, 404, 404, 404)),
+    ("POST", "/oauth/authorize"): R((403, 403, 403, 403, 403, 403)),
     ("POST", "/auth/signup"): R((201, 403, 201, 201, 201, 201), body=signup_body),
     ("POST", "/auth/login"): R((200, 403, 200, 200, 200, 200), body=login_body),
     ("POST", "/auth/refresh"): R((200, 403, 200, 200, 200, 200), body=refresh_body),
