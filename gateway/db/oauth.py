@@ -237,6 +237,8 @@ async def open_grant(
             await conn.execute(_INSERT_REFRESH, refresh_hash, grant_id, refresh_days)
     except _Abandoned:
         return False
+    except asyncpg.ForeignKeyViolationError:
+        return False  # the client, server or toolset was deleted meanwhile
     return True
 
 
@@ -282,7 +284,11 @@ async def add_refresh(
     db: Executor, grant_id: uuid.UUID, token_hash: str, refresh_days: int
 ) -> bool:
     """A new refresh token of the grant; False if the grant ended meanwhile."""
-    return await db.execute(_INSERT_REFRESH, token_hash, grant_id, refresh_days) == "INSERT 0 1"
+    try:
+        status = await db.execute(_INSERT_REFRESH, token_hash, grant_id, refresh_days)
+    except asyncpg.ForeignKeyViolationError:
+        return False  # the grant was deleted after this statement's snapshot was taken
+    return bool(status == "INSERT 0 1")
 
 
 _REVOKE_BY_REFRESH = """

@@ -27,7 +27,7 @@ from gateway.errors import BadRequest, Forbidden, NotFound
 from gateway.keys import POOL
 from gateway.oauth import clients
 from gateway.oauth.endpoints import oauth_server
-from gateway.oauth.server import AUTHORIZE_PATH, Answer, Consent, Incoming, _Request
+from gateway.oauth.server import AUTHORIZE_PATH, Answer, AuthlibRequest, Consent, Incoming
 
 pages = Pages()
 
@@ -41,7 +41,7 @@ _SOURCE = re.compile(r"[A-Za-z0-9.\-]*(\[[0-9A-Fa-f:.]+\])?(:[0-9]+)?")
 async def authorize_page(request: web.Request) -> web.StreamResponse:
     server = oauth_server(request)
     incoming = await Incoming.read(request, server.issuer)
-    oauth_request = _Request(incoming)
+    oauth_request = AuthlibRequest(incoming)
     try:
         await server.bridge.run(server.get_consent_grant, oauth_request)
     except OAuth2Error as error:
@@ -81,7 +81,7 @@ async def authorize(request: web.Request) -> web.StreamResponse:
         (k, v) for k, v in form.items() if k not in _OWN_FIELDS and isinstance(v, str)
     )
     incoming = await Incoming.read(request, server.issuer, form=MultiDictProxy(params))
-    oauth_request = _Request(incoming)
+    oauth_request = AuthlibRequest(incoming)
     try:
         grant = await server.bridge.run(server.get_consent_grant, oauth_request)
     except OAuth2Error as error:
@@ -94,7 +94,7 @@ async def authorize(request: web.Request) -> web.StreamResponse:
     return _answer(answer)
 
 
-async def _consent(request: web.Request, oauth_request: _Request) -> tuple[Consent, Any]:
+async def _consent(request: web.Request, oauth_request: AuthlibRequest) -> tuple[Consent, Any]:
     """What the signed-in member consents to: 404 for an unknown server or toolset, 403 when
     it is not in a workspace of theirs."""
     server = oauth_server(request)
@@ -114,7 +114,7 @@ async def _consent(request: web.Request, oauth_request: _Request) -> tuple[Conse
     return Consent(session.user_id, target.workspace_id, resource), target
 
 
-def _refused(server: Any, oauth_request: _Request, error: OAuth2Error) -> web.StreamResponse:
+def _refused(server: Any, oauth_request: AuthlibRequest, error: OAuth2Error) -> web.StreamResponse:
     """An invalid authorization request: back to the client when its redirect URI is verified,
     else a page saying why."""
     if error.redirect_uri:

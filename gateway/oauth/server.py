@@ -184,7 +184,7 @@ class _Payload:
         return self.data.get("state")
 
 
-class _Request(OAuth2Request):  # type: ignore[misc]
+class AuthlibRequest(OAuth2Request):  # type: ignore[misc]
     def __init__(self, incoming: Incoming) -> None:
         super().__init__(incoming.method, incoming.uri, headers=incoming.headers)
         params = incoming.query if incoming.method == "GET" else incoming.form
@@ -334,7 +334,7 @@ class GatewayAuthorizationServer(AuthorizationServer):  # type: ignore[misc]
         except ClientRefused as exc:
             raise InvalidClientError(description=str(exc)) from None
 
-    def save_token(self, token: dict[str, Any], request: _Request) -> None:
+    def save_token(self, token: dict[str, Any], request: AuthlibRequest) -> None:
         grant = request.grant_row
         assert grant is not None
         refresh_hash = hash_token(token["refresh_token"])
@@ -382,7 +382,7 @@ class GatewayAuthorizationServer(AuthorizationServer):  # type: ignore[misc]
         }
 
     def create_oauth2_request(self, request: Any) -> OAuth2Request:
-        return request if isinstance(request, _Request) else _Request(request)
+        return request if isinstance(request, AuthlibRequest) else AuthlibRequest(request)
 
     def create_json_request(self, request: Incoming) -> JsonRequest:
         return _JsonRequest(request)
@@ -452,7 +452,7 @@ class _CodeGrant(AuthorizationCodeGrant):  # type: ignore[misc]
             raise InvalidTargetError("one resource per request", redirect_uri=redirect_uri)
         return redirect_uri
 
-    def save_authorization_code(self, code: str, request: _Request) -> None:
+    def save_authorization_code(self, code: str, request: AuthlibRequest) -> None:
         consent = request.user
         assert isinstance(consent, Consent)
         data = request.payload.data
