@@ -36,8 +36,8 @@ API_KEYS = (
 )
 AUTHORIZATION_SERVER_PATH = "/.well-known/oauth-authorization-server"
 _RESOURCE_PATHS = (
-    METADATA_PREFIX + "/api/v1/proxy/{server_id}/mcp",
-    METADATA_PREFIX + "/api/v1/toolsets/{toolset_id}/mcp",
+    METADATA_PREFIX + "/api/v1/proxy/{id}/mcp",
+    METADATA_PREFIX + "/api/v1/toolsets/{id}/mcp",
 )
 _DOCUMENTS = re.compile(
     re.escape(AUTHORIZATION_SERVER_PATH)
@@ -100,7 +100,7 @@ async def protected_resource(request: web.Request) -> web.Response:
     if off is not None:
         return off
     try:
-        uuid.UUID(next(iter(request.match_info.values())))
+        uuid.UUID(request.match_info["id"])
     except ValueError:
         return _not_here(request, "no protected resource here: not an MCP URL of this gateway")
     path = request.path.removeprefix(METADATA_PREFIX)
@@ -170,11 +170,11 @@ OPENAPI_PATHS: dict[str, Any] = {
     _RESOURCE_PATHS[0]: _described(
         "oauth_proxy_resource_metadata",
         "Protected resource metadata of a server's MCP URL (RFC 9728)",
-        with_id="server_id",
+        with_id="id",
     ),
     _RESOURCE_PATHS[1]: _described(
         "oauth_toolset_resource_metadata",
         "Protected resource metadata of a toolset's MCP URL (RFC 9728)",
-        with_id="toolset_id",
+        with_id="id",
     ),
 }

@@ -170,6 +170,11 @@ async def fresh_server(w: World, caller: str) -> dict[str, str]:
     return {"server_id": await add_server(w.api, w.owner, f"doomed-{next(_fresh)}")}
 
 
+async def any_id(w: World, caller: str) -> dict[str, str]:
+    """Where nothing is looked up by the id (OAuth's resource metadata)."""
+    return {"id": str(uuid.uuid4())}
+
+
 async def toolset(w: World, caller: str) -> dict[str, str]:
     return {"toolset_id": await w.toolset_id()}
 
@@ -285,11 +290,11 @@ ROWS: dict[tuple[str, str], Row] = {
     # OAuth (outside /api/v1): off here (PUBLIC_URL is plain http), 404 saying so to anyone;
     # the consent form without its CSRF token is refused before anything else.
     ("GET", "/.well-known/oauth-authorization-server"): R((404, 404, 404, 404, 404, 404)),
-    ("GET", "/.well-known/oauth-protected-resource/api/v1/proxy/{server_id}/mcp"): R(
-        (404, 404, 404, 404, 404, 404), params=server
+    ("GET", "/.well-known/oauth-protected-resource/api/v1/proxy/{id}/mcp"): R(
+        (404, 404, 404, 404, 404, 404), params=any_id
     ),
-    ("GET", "/.well-known/oauth-protected-resource/api/v1/toolsets/{toolset_id}/mcp"): R(
-        (404, 404, 404, 404, 404, 404), params=toolset
+    ("GET", "/.well-known/oauth-protected-resource/api/v1/toolsets/{id}/mcp"): R(
+        (404, 404, 404, 404, 404, 404), params=any_id
     ),
     ("POST", "/oauth/register"): R((404, 404, 404, 404, 404, 404)),
     ("POST", "/oauth/token"): R((404, 404, 404, 404, 404, 404)),
