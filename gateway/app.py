@@ -52,6 +52,8 @@ from gateway.db.schema import apply_schema
 from gateway.errors import error_middleware
 from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.tool_list_budget import ToolListMemory
+from gateway.oauth import oauth_enabled
+from gateway.oauth.endpoints import oauth_context, setup_oauth
 from gateway.ops import snapshots
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
@@ -123,9 +125,8 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[EMAIL_RATE_LIMITER] = AuthRateLimiter.shared(
         VERIFICATION_EMAIL_RATE, pool, settings.redis_url
     )
-    app[AUTHENTICATOR] = Authenticator(
-        pool, settings.jwt_secret, app[CACHES], base_url=settings.base_url
-    )
+    oauth_base = settings.base_url if oauth_enabled(settings) else None
+    app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES], oauth_base)
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
     app[TOOLSETS] = Toolsets(
         pool, app[CACHES], app[UPSTREAMS], index_seconds=settings.tools_cache_seconds
@@ -229,6 +230,7 @@ def create_app(settings: Settings) -> web.Application:
     openapi.add_docs_static(app)
     setup_discovery(app)
     setup_dashboard(app)
+    setup_oauth(app)
     setup_readiness(app)
     app.cleanup_ctx.extend(
         [
@@ -238,6 +240,7 @@ def create_app(settings: Settings) -> web.Application:
             task_follower_context,
             snapshots.metrics_context,
             _http_client,
+            oauth_context,
             _shared_cache,
             _schema_checker,
             _background_tasks,

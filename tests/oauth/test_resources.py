@@ -18,7 +18,6 @@ from gateway.accounts.access import AUTHENTICATOR
 from gateway.background.oauth_grant_usage import flush_grant_usage
 from gateway.caching.caches import MISSING
 from gateway.keys import POOL
-from gateway.oauth.resources import oauth_enabled
 from gateway.security.tokens import OAuthClaims, issue_oauth_token
 from tests.helpers.api import Account, Api, AppFactory, Reply
 from tests.helpers.oauth_grants import OAUTH_PUBLIC_URL, grant, proxy_path, toolset_path
@@ -391,26 +390,3 @@ async def test_last_use_is_recorded_in_batches_not_per_call(
     await flush_grant_usage(api.app[POOL], grants)
     assert await db.fetchval(query, granted.grant_id) is not None
     assert grants.usage == {}
-
-
-# -- when the gateway offers OAuth -------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("public_url", "offered"),
-    [
-        ("https://gateway.example.com", True),
-        ("https://gateway.example.com:8443/prefix", True),
-        ("http://localhost:8000", True),
-        ("http://127.0.0.1:8000", True),
-        ("http://127.1.2.3", True),
-        ("http://[::1]:8000", True),
-        ("http://gateway.test", False),
-        ("http://10.0.0.5:8000", False),
-        ("http://localhost.evil.example", False),
-        ("http://127.0.0.1.nip.io", False),
-        ("ftp://localhost", False),
-    ],
-)
-def test_oauth_is_offered_only_over_https_or_on_loopback(public_url: str, offered: bool) -> None:
-    assert oauth_enabled(public_url) is offered
