@@ -33,9 +33,8 @@ from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.api.routing import ENDPOINTS, mount
 from gateway.background import (
     alert_evaluator,
-    api_key_usage,
+    last_used,
     notifier,
-    oauth_grant_usage,
     prober,
     retention,
 )
@@ -201,8 +200,7 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     # not there is not waited for; the listener keeps trying).
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(app[CACHES].listening.wait(), _LISTENER_WAIT_SECONDS)
-    tasks.start("api-key-usage", api_key_usage.run)
-    tasks.start("oauth-grant-usage", oauth_grant_usage.run)
+    tasks.start("last-used", last_used.run)
     if app[SETTINGS].run_workers:
         for name, loop in WORKER_LOOPS:
             tasks.start(name, loop)

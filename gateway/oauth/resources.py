@@ -42,7 +42,7 @@ def challenge(base_url: str, path: str, *, invalid_token: bool) -> str:
 class Grants:
     """The grants behind OAuth access tokens, by id, from an in-process cache that the
     oauth_grants trigger's NOTIFY keeps fresh (a revoked grant ends at once in every process);
-    and when each was last used, written in batches (gateway/background/oauth_grant_usage)."""
+    and when each was last used, written in batches (gateway/background/last_used)."""
 
     def __init__(self, pool: asyncpg.Pool, caches: Caches) -> None:
         self._pool = pool

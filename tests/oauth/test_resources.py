@@ -15,7 +15,7 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from gateway.accounts.access import AUTHENTICATOR
-from gateway.background.oauth_grant_usage import flush_grant_usage
+from gateway.background import last_used
 from gateway.caching.caches import MISSING
 from gateway.keys import POOL
 from gateway.security.tokens import OAuthClaims, issue_oauth_token
@@ -387,6 +387,6 @@ async def test_last_use_is_recorded_in_batches_not_per_call(
     assert await db.fetchval(query, granted.grant_id) is None
     grants = api.app[AUTHENTICATOR].grants
     assert set(grants.usage) == {granted.grant_id}
-    await flush_grant_usage(api.app[POOL], grants)
+    await last_used.flush(api.app[POOL], last_used.recorded(api.app))
     assert await db.fetchval(query, granted.grant_id) is not None
     assert grants.usage == {}
