@@ -30,8 +30,12 @@ The packages (each opens with its job):
     upstreams/   registered servers as reached at run time (servers), their tool lists
     accounts/    who is calling and what they may do (access), signup, rate limits, mailer
     caching/     in-process caches, the LISTEN loop that drops their entries, the shared cache
+    oauth/       OAuth 2.1 for MCP clients: the authorization server (server: authlib's
+                 components behind aiohttp; clients, registered or by metadata document;
+                 consent, the authorize page; endpoints: register, token, revoke) and the
+                 protected resources, every MCP URL (resources)
     api/         /api/v1: routing, models, one module per resource, the OpenAPI document,
-                 and discovery (JSON answers where MCP clients look for OAuth)
+                 and discovery (the OAuth metadata documents MCP clients look for)
     dashboard/   the pages, their templates and static files, the template filters, and
                  connect (the "Connect an agent" snippets)
     background/  the loops, each `async def run(app)`, started from one list in app.py

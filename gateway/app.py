@@ -33,9 +33,8 @@ from gateway.api.openapi import OPENAPI_DOCUMENT
 from gateway.api.routing import ENDPOINTS, mount
 from gateway.background import (
     alert_evaluator,
-    api_key_usage,
+    last_used,
     notifier,
-    oauth_grant_usage,
     prober,
     retention,
 )
@@ -52,6 +51,8 @@ from gateway.db.schema import apply_schema
 from gateway.errors import error_middleware
 from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.tool_list_budget import ToolListMemory
+from gateway.oauth import oauth_enabled
+from gateway.oauth.endpoints import oauth_context, setup_oauth
 from gateway.ops import snapshots
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
@@ -123,9 +124,8 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[EMAIL_RATE_LIMITER] = AuthRateLimiter.shared(
         VERIFICATION_EMAIL_RATE, pool, settings.redis_url
     )
-    app[AUTHENTICATOR] = Authenticator(
-        pool, settings.jwt_secret, app[CACHES], base_url=settings.base_url
-    )
+    oauth_base = settings.base_url if oauth_enabled(settings) else None
+    app[AUTHENTICATOR] = Authenticator(pool, settings.jwt_secret, app[CACHES], oauth_base)
     app[UPSTREAMS] = Upstreams(pool, app[SECRET_BOX], app[CACHES])
     app[TOOLSETS] = Toolsets(
         pool, app[CACHES], app[UPSTREAMS], index_seconds=settings.tools_cache_seconds
@@ -200,8 +200,7 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     # not there is not waited for; the listener keeps trying).
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(app[CACHES].listening.wait(), _LISTENER_WAIT_SECONDS)
-    tasks.start("api-key-usage", api_key_usage.run)
-    tasks.start("oauth-grant-usage", oauth_grant_usage.run)
+    tasks.start("last-used", last_used.run)
     if app[SETTINGS].run_workers:
         for name, loop in WORKER_LOOPS:
             tasks.start(name, loop)
@@ -229,6 +228,7 @@ def create_app(settings: Settings) -> web.Application:
     openapi.add_docs_static(app)
     setup_discovery(app)
     setup_dashboard(app)
+    setup_oauth(app)
     setup_readiness(app)
     app.cleanup_ctx.extend(
         [
@@ -238,6 +238,7 @@ def create_app(settings: Settings) -> web.Application:
             task_follower_context,
             snapshots.metrics_context,
             _http_client,
+            oauth_context,
             _shared_cache,
             _schema_checker,
             _background_tasks,

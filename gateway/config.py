@@ -111,6 +111,9 @@ class Settings:
     probes_per_workspace: int = 5
     notifier_concurrency: int = 20
     notifications_per_workspace: int = 4
+    # OAuth for MCP clients (gateway/oauth): on unless GATEWAY_OAUTH=off, and then only with an
+    # https (or loopback) PUBLIC_URL.
+    oauth: bool = True
 
     @property
     def outbound(self) -> OutboundPolicy:
@@ -288,6 +291,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_WORKERS": ("workers", parse_workers),
     "GATEWAY_METRICS_PER_SERVER": ("metrics_per_server", _flag),
     "GATEWAY_ACCESS_LOG": ("access_log", _flag),
+    "GATEWAY_OAUTH": ("oauth", _flag),
     "GATEWAY_MAX_SERVERS_PER_WORKSPACE": ("max_servers_per_workspace", _positive_int),
     "GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE": ("max_alert_rules_per_workspace", _positive_int),
     "GATEWAY_MAX_TOOLSETS_PER_WORKSPACE": ("max_toolsets_per_workspace", _positive_int),

@@ -17,7 +17,7 @@ from gateway.caching.caches import MISSING, Caches, InvalidatedCache
 from gateway.db import api_keys as api_keys_db
 from gateway.db import memberships as memberships_db
 from gateway.errors import Forbidden, NotFound, Unauthorized
-from gateway.oauth.resources import Grants, challenge, oauth_enabled, resource_url
+from gateway.oauth.resources import Grants, challenge, resource_url
 from gateway.policy.rules import KeyRules
 from gateway.security.api_keys import KEY_PREFIX
 from gateway.security.tokens import (
@@ -119,13 +119,13 @@ class Authenticator:
     """Resolves credentials to a Principal with no database round trip once caches are warm."""
 
     def __init__(
-        self, pool: asyncpg.Pool, jwt_secret: str, caches: Caches, base_url: str = ""
+        self, pool: asyncpg.Pool, jwt_secret: str, caches: Caches, oauth_base: str | None = None
     ) -> None:
         self._pool = pool
         self._jwt_secret = jwt_secret
         # PUBLIC_URL when this gateway offers OAuth (its MCP URLs are resources under it);
         # None: OAuth access tokens are refused everywhere, and 401s say nothing of OAuth.
-        self._oauth_base = base_url if base_url and oauth_enabled(base_url) else None
+        self._oauth_base = oauth_base
         # The grants behind OAuth access tokens (only OAuth callers look at them).
         self.grants = Grants(pool, caches)
         self.roles: InvalidatedCache[tuple[uuid.UUID, uuid.UUID], Role | None] = InvalidatedCache(

@@ -87,6 +87,24 @@ class AuthRateLimiter:
             # rather than nobody logging in at all.
             log.warning("rate limit storage unavailable, attempt let through: %s", exc)
 
+    async def exhausted(self, key: str) -> int | None:
+        """Seconds until `key` may try again when its window is full, else None; counts
+        nothing (for limits on failures only: checked first, hit() after a failure)."""
+        try:
+            item = self._item
+            expiry = item.get_expiry()
+            start, count = await self._storage.get_moving_window(
+                item.key_for("auth", key), item.amount, expiry
+            )
+        except (RedisError, OSError) as exc:
+            if not self._in_redis:
+                raise
+            log.warning("rate limit storage unavailable, attempt let through: %s", exc)
+            return None
+        if count < item.amount:
+            return None
+        return max(1, math.ceil(start + expiry - time.time()))
+
 
 # Login and signup attempts, per client address and per email.
 RATE_LIMITER: web.AppKey[AuthRateLimiter] = web.AppKey("auth_rate_limiter")

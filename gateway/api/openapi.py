@@ -13,8 +13,10 @@ import pydantic
 from aiohttp import web
 
 from gateway.accounts.access import PUBLIC
+from gateway.api import discovery
 from gateway.api.models import NUL_FREE, DocumentSchema
 from gateway.api.routing import API_PREFIX, Endpoint, Routes, json_response
+from gateway.oauth import endpoints as oauth_endpoints
 from gateway.ops.readiness import OPENAPI_PATHS
 
 _REF = "#/components/schemas/{model}"
@@ -168,6 +170,9 @@ def build_document(endpoints: Iterable[Endpoint], version: str) -> dict[str, Any
             endpoint, components
         )
     paths.update(OPENAPI_PATHS)
+    paths.update(discovery.OPENAPI_PATHS)
+    paths.update(oauth_endpoints.OPENAPI_PATHS)
+    components.schemas.update(oauth_endpoints.OPENAPI_SCHEMAS)
     return {
         "openapi": "3.1.0",
         "info": {

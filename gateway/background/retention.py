@@ -2,7 +2,8 @@
 anything up. Raw tool calls go a UTC day at a time (their partitions, detached CONCURRENTLY and
 dropped), after the coming days' partitions are made; their hourly rollups, alert events and
 health checks go in small batches. Tasks the proxy followed that expired with no end seen
-become their calls' rows (gateway/proxy/tasks)."""
+become their calls' rows (gateway/proxy/tasks). Expired OAuth codes and refresh tokens go,
+and clients nobody consented to (gateway/db/oauth)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gateway.calllog.writer import CALL_LOG, CallLog
 from gateway.config import Settings
 from gateway.db import alerts as alerts_db
 from gateway.db import health_checks as health_checks_db
+from gateway.db import oauth as oauth_db
 from gateway.db import partitions
 from gateway.db import rate_limits as rate_limits_db
 from gateway.db import rollups as rollups_db
@@ -128,6 +130,8 @@ class Round:
     health_checks: int = 0
     rate_limit_hits: int = 0
     expired_tasks: int = 0
+    # Expired OAuth codes and refresh tokens, and clients nobody uses (gateway/oauth).
+    oauth_rows: int = 0
     # The steps that failed (each is logged); the others ran all the same.
     failed: list[str] = field(default_factory=list)
 
@@ -185,6 +189,14 @@ async def run_once(
 
     await step("health checks", health_checks())
     await step("rate limit attempts", rate_limits())
+
+    async def oauth() -> None:
+        for prune in (oauth_db.prune_codes, oauth_db.prune_refresh_tokens, oauth_db.prune_clients):
+            done.oauth_rows += await _in_batches(
+                functools.partial(prune, pool, batch_size), batch_size, pause
+            )
+
+    await step("OAuth codes, refresh tokens and clients", oauth())
     if call_log is not None:
 
         async def expired_tasks() -> None:

@@ -4,10 +4,10 @@ cached in-process and dropped in every process the moment one is revoked."""
 
 from __future__ import annotations
 
-import ipaddress
 import time
 import uuid
-from urllib.parse import quote, urlsplit
+from typing import Any
+from urllib.parse import quote
 
 import asyncpg
 
@@ -16,8 +16,6 @@ from gateway.db import oauth_grants as grants_db
 from gateway.db.oauth_grants import ActiveGrant
 
 METADATA_PREFIX = "/.well-known/oauth-protected-resource"
-
-_LOOPBACK_NAMES = frozenset({"localhost"})
 
 
 def resource_url(base_url: str, path: str) -> str:
@@ -28,24 +26,6 @@ def resource_url(base_url: str, path: str) -> str:
 def metadata_url(base_url: str, path: str) -> str:
     """Where the protected resource metadata of the MCP URL at `path` is (RFC 9728 3.1)."""
     return base_url + METADATA_PREFIX + path
-
-
-def oauth_enabled(base_url: str) -> bool:
-    """Whether this gateway offers OAuth: only when PUBLIC_URL is https, or loopback (a
-    person trying it on their own machine). Tokens and codes travel in URLs and redirects,
-    which plain http would show to anyone on the way."""
-    parts = urlsplit(base_url)
-    if parts.scheme == "https":
-        return True
-    if parts.scheme != "http" or parts.hostname is None:
-        return False
-    host = parts.hostname
-    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def challenge(base_url: str, path: str, *, invalid_token: bool) -> str:
@@ -62,7 +42,7 @@ def challenge(base_url: str, path: str, *, invalid_token: bool) -> str:
 class Grants:
     """The grants behind OAuth access tokens, by id, from an in-process cache that the
     oauth_grants trigger's NOTIFY keeps fresh (a revoked grant ends at once in every process);
-    and when each was last used, written in batches (gateway/background/oauth_grant_usage)."""
+    and when each was last used, written in batches (gateway/background/last_used)."""
 
     def __init__(self, pool: asyncpg.Pool, caches: Caches) -> None:
         self._pool = pool
@@ -89,3 +69,14 @@ class Grants:
 
     def used(self, grant_id: uuid.UUID) -> None:
         self.usage[grant_id] = time.time()
+
+
+def protected_resource_metadata(base_url: str, path: str) -> dict[str, Any]:
+    """RFC 9728 for the MCP URL at `path`: the gateway is its one authorization server, and
+    tokens come in the Authorization header only. No scopes: a token is for one MCP URL."""
+    return {
+        "resource": resource_url(base_url, path),
+        "authorization_servers": [base_url],
+        "bearer_methods_supported": ["header"],
+        "resource_name": "mcp-gateway",
+    }

@@ -170,6 +170,11 @@ async def fresh_server(w: World, caller: str) -> dict[str, str]:
     return {"server_id": await add_server(w.api, w.owner, f"doomed-{next(_fresh)}")}
 
 
+async def any_id(w: World, caller: str) -> dict[str, str]:
+    """Where nothing is looked up by the id (OAuth's resource metadata)."""
+    return {"id": str(uuid.uuid4())}
+
+
 async def toolset(w: World, caller: str) -> dict[str, str]:
     return {"toolset_id": await w.toolset_id()}
 
@@ -282,6 +287,20 @@ ROWS: dict[tuple[str, str], Row] = {
     # Outside /api/v1, for load balancers: open to anyone.
     ("GET", "/healthz"): R((200, 200, 200, 200, 200, 200)),
     ("GET", "/readyz"): R((200, 200, 200, 200, 200, 200)),
+    # OAuth (outside /api/v1): off here (PUBLIC_URL is plain http), 404 saying so to anyone;
+    # the consent form without its CSRF token is refused before anything else.
+    ("GET", "/.well-known/oauth-authorization-server"): R((404, 404, 404, 404, 404, 404)),
+    ("GET", "/.well-known/oauth-protected-resource/api/v1/proxy/{id}/mcp"): R(
+        (404, 404, 404, 404, 404, 404), params=any_id
+    ),
+    ("GET", "/.well-known/oauth-protected-resource/api/v1/toolsets/{id}/mcp"): R(
+        (404, 404, 404, 404, 404, 404), params=any_id
+    ),
+    ("POST", "/oauth/register"): R((404, 404, 404, 404, 404, 404)),
+    ("POST", "/oauth/token"): R((404, 404, 404, 404, 404, 404)),
+    ("POST", "/oauth/revoke"): R((404, 404, 404, 404, 404, 404)),
+    ("GET", "/oauth/authorize"): R((404, 404, 404, 404, 404, 404)),
+    ("POST", "/oauth/authorize"): R((403, 403, 403, 403, 403, 403)),
     ("POST", "/auth/signup"): R((201, 403, 201, 201, 201, 201), body=signup_body),
     ("POST", "/auth/login"): R((200, 403, 200, 200, 200, 200), body=login_body),
     ("POST", "/auth/refresh"): R((200, 403, 200, 200, 200, 200), body=refresh_body),

@@ -26,6 +26,13 @@ from gateway.errors import NotFound, error_middleware
 from tests.helpers.api import Api
 from tests.helpers.contract import ContractChecker
 
+# Where OAuth's documented routes are, outside the API (gateway/oauth, gateway/api/discovery).
+OAUTH_PATHS = (
+    "/oauth/",
+    "/.well-known/oauth-authorization-server",
+    "/.well-known/oauth-protected-resource/api/",
+)
+
 ClientFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 
 
@@ -62,6 +69,12 @@ def test_the_document_lists_every_api_route_of_the_app(
             route.resource.canonical.startswith(API_PREFIX)
             # The load balancers' routes, outside the API but documented with it.
             or route.resource.canonical in ("/healthz", "/readyz")
+            # OAuth's endpoints and metadata documents (their CORS preflights aside).
+            or (
+                route.resource.canonical.startswith(OAUTH_PATHS)
+                and route.method != "OPTIONS"
+                and "{name" not in route.resource.canonical
+            )
         )
         and not route.resource.canonical.startswith(DOCS_STATIC)
         and route.method != "HEAD"
@@ -88,6 +101,13 @@ def test_every_operation_documents_its_parameters_security_and_errors(
             if op["security"]:
                 assert "401" in responses, where
             for status, response in responses.items():
+                if path.startswith("/oauth/") and "text/html" in response.get("content", {}):
+                    continue  # the authorize endpoint's pages
+                if path.startswith("/oauth/") and int(status) >= 400 and status != "404":
+                    # RFC 6749 errors; 404 is the gateway's own {"detail"}: OAuth is off.
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/OAuthError"}, where
+                    continue
                 if int(status) >= 400:
                     schema = response["content"]["application/json"]["schema"]
                     # Errors are {"detail"}, but for the MCP endpoints' own refusals, which

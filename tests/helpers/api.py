@@ -53,8 +53,8 @@ class Account:
 Credential = Account | str | None  # an account (JWT), a raw API key, or anonymous
 
 
-# Routes of the app outside /api/v1 that tests name by their bare path.
-OUTSIDE_THE_API = ("/healthz", "/readyz")
+# Routes of the app outside /api/v1 that tests name by their bare path (or its start).
+OUTSIDE_THE_API = ("/healthz", "/readyz", "/oauth/", "/.well-known/")
 
 
 class Api:

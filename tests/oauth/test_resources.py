@@ -15,10 +15,9 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from gateway.accounts.access import AUTHENTICATOR
-from gateway.background.oauth_grant_usage import flush_grant_usage
+from gateway.background import last_used
 from gateway.caching.caches import MISSING
 from gateway.keys import POOL
-from gateway.oauth.resources import oauth_enabled
 from gateway.security.tokens import OAuthClaims, issue_oauth_token
 from tests.helpers.api import Account, Api, AppFactory, Reply
 from tests.helpers.oauth_grants import OAUTH_PUBLIC_URL, grant, proxy_path, toolset_path
@@ -388,29 +387,6 @@ async def test_last_use_is_recorded_in_batches_not_per_call(
     assert await db.fetchval(query, granted.grant_id) is None
     grants = api.app[AUTHENTICATOR].grants
     assert set(grants.usage) == {granted.grant_id}
-    await flush_grant_usage(api.app[POOL], grants)
+    await last_used.flush(api.app[POOL], last_used.recorded(api.app))
     assert await db.fetchval(query, granted.grant_id) is not None
     assert grants.usage == {}
-
-
-# -- when the gateway offers OAuth -------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("public_url", "offered"),
-    [
-        ("https://gateway.example.com", True),
-        ("https://gateway.example.com:8443/prefix", True),
-        ("http://localhost:8000", True),
-        ("http://127.0.0.1:8000", True),
-        ("http://127.1.2.3", True),
-        ("http://[::1]:8000", True),
-        ("http://gateway.test", False),
-        ("http://10.0.0.5:8000", False),
-        ("http://localhost.evil.example", False),
-        ("http://127.0.0.1.nip.io", False),
-        ("ftp://localhost", False),
-    ],
-)
-def test_oauth_is_offered_only_over_https_or_on_loopback(public_url: str, offered: bool) -> None:
-    assert oauth_enabled(public_url) is offered

@@ -20,10 +20,11 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from gateway.api.discovery import NO_OAUTH
+from gateway.api.discovery import no_oauth
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.dashboard.connect import KEY_PLACEHOLDER, snippets
+from gateway.keys import SETTINGS
 from tests.helpers.api import Api
 from tests.helpers.npx import npx_for
 from tests.helpers.proxying import ACCEPT, arrange, logged_calls, rpc
@@ -186,8 +187,10 @@ async def test_oauth_discovery_gets_a_json_404_naming_api_keys(
     if path.startswith("/api/"):
         assert orjson.loads(body) == {"detail": "not found"}  # the API's own 404, JSON already
     else:
-        assert orjson.loads(body) == {"detail": NO_OAUTH}
-        assert "\n" not in NO_OAUTH and "Authorization: Bearer mcpg_" in NO_OAUTH
+        # OAuth is off: the test PUBLIC_URL is plain http, not loopback.
+        detail = no_oauth(api.app[SETTINGS])
+        assert detail is not None and orjson.loads(body) == {"detail": detail}
+        assert "\n" not in detail and "Authorization: Bearer mcpg_" in detail
 
 
 async def test_a_browser_client_may_read_the_discovery_answer(api: Api) -> None:
