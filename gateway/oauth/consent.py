@@ -42,11 +42,11 @@ async def authorize_page(request: web.Request) -> web.StreamResponse:
     server = oauth_server(request)
     incoming = await Incoming.read(request, server.issuer)
     oauth_request = AuthlibRequest(incoming)
+    session = request.get(sessions.SESSION)
     try:
         await server.bridge.run(server.get_consent_grant, oauth_request)
     except OAuth2Error as error:
-        return _refused(server, oauth_request, error)
-    session = request.get(sessions.SESSION)
+        return _refused(server, oauth_request, error, signed_in=session is not None)
     if session is None:
         return redirect(login_url(request))
     consent, target = await _consent(request, oauth_request)
@@ -114,10 +114,17 @@ async def _consent(request: web.Request, oauth_request: AuthlibRequest) -> tuple
     return Consent(session.user_id, target.workspace_id, resource), target
 
 
-def _refused(server: Any, oauth_request: AuthlibRequest, error: OAuth2Error) -> web.StreamResponse:
-    """An invalid authorization request: back to the client when its redirect URI is verified,
-    else a page saying why."""
-    if error.redirect_uri:
+def _refused(
+    server: Any, oauth_request: AuthlibRequest, error: OAuth2Error, *, signed_in: bool = True
+) -> web.StreamResponse:
+    """An invalid authorization request: back to the client when its redirect URI is verified
+    and the person signed in, else a page saying why.
+
+    Anyone may register a redirect URI, so a bad request is sent back to one only for a person
+    who signed in, never for a stranger following a link (RFC 9700 4.11.2: the gateway would
+    be a redirector to anywhere). Nor after signing in through the login page: its
+    form-action would stop the browser at a redirect to another origin."""
+    if error.redirect_uri and signed_in:
         return _answer(server.error_answer(oauth_request, error))
     raise BadRequest(f"this authorization request cannot be served: {error.description}")
 
