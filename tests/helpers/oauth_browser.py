@@ -111,6 +111,9 @@ class Consent:
             self.pages.append(await page.locator("body").inner_text())
             if self.photograph:
                 await page.screenshot(path=ARTIFACTS / f"{self.photograph}.png", full_page=True)
+                # A long client id or MCP URL must wrap inside the card, not run past its edge.
+                for outside in await page.evaluate(_OUTSIDE_THE_CARD):
+                    self.problems.append(f"past the card's edge: {outside}")
             redirect_uri = self.redirect.redirect_uri
             async with page.expect_navigation(url=lambda url: url.startswith(redirect_uri)):
                 await button.click()
@@ -150,6 +153,22 @@ class Consent:
         return AuthorizationCodeResult(
             code=query["code"], state=query.get("state"), iss=query.get("iss")
         )
+
+
+# What on the page's cards reaches past their right edge.
+_OUTSIDE_THE_CARD = """() => {
+  const outside = [];
+  for (const card of document.querySelectorAll("main .card")) {
+    const edge = card.getBoundingClientRect().right;
+    for (const node of card.querySelectorAll("*")) {
+      const box = node.getBoundingClientRect();
+      if (box.width > 0 && box.right > edge + 0.5) {
+        outside.push(`${node.tagName} "${node.textContent.trim().slice(0, 40)}"`);
+      }
+    }
+  }
+  return outside;
+}"""
 
 
 class MemoryStorage:
