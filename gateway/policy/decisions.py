@@ -4,7 +4,7 @@ Rules apply in this order, and the first that refuses decides:
 
 1. the key's permissions (`proxy`), then its `allowed_servers`: refused for every method;
 2. each `tools/call`'s tool against the key's `allowed_tools`, then the server's
-   `disabled_tools`;
+   `disabled_tools`, then (a server that pins its tools) its approved tools;
 3. the key's rate limit, then the server's (calls refused by the second are given back to
    the first).
 
@@ -24,6 +24,11 @@ from gateway.policy.rules import KeyRules, RateLimit, ServerRules
 # JSON-RPC error codes of the gateway's refusals (API_DECISIONS, "Governed access").
 TOOL_REFUSED: Final = -32003
 RATE_LIMITED: Final = -32029
+
+_NOT_APPROVED = (
+    "tool {name!r} is new or has changed since the server's tools were approved "
+    "(pinned tools: an admin approves it in the dashboard or POST /servers/{{id}}/tools/approve)"
+)
 
 
 class Refused(Exception):
@@ -63,8 +68,11 @@ def check_tools(key: KeyRules | None, server: ServerRules | None, names: Sequenc
             raise Refused(
                 403, f"tool {name!r} is not among this API key's allowed tools", code=TOOL_REFUSED
             )
-        if server is not None and server.disabled is not None and server.disabled.match(name):
-            raise Refused(403, f"tool {name!r} is disabled on this server", code=TOOL_REFUSED)
+        if server is not None:
+            if server.disabled is not None and server.disabled.match(name):
+                raise Refused(403, f"tool {name!r} is disabled on this server", code=TOOL_REFUSED)
+            if server.pinned is not None and name not in server.pinned:
+                raise Refused(403, _NOT_APPROVED.format(name=name), code=TOOL_REFUSED)
 
 
 async def take_calls(
@@ -95,14 +103,19 @@ def tool_filter(key: KeyRules | None, server: ServerRules | None) -> Callable[[s
     then passes byte for byte)."""
     allowed = None if key is None else key.tools
     disabled = None if server is None else server.disabled
-    if allowed is None and disabled is None:
+    pinned = None if server is None else server.pinned
+    tests: list[Callable[[str], bool]] = []
+    if allowed is not None:
+        tests.append(allowed.match)
+    if disabled is not None:
+        tests.append(lambda name: not disabled.match(name))
+    if pinned is not None:
+        tests.append(pinned.__contains__)
+    if not tests:
         return None
-    if disabled is None:
-        assert allowed is not None
-        return allowed.match
-    if allowed is None:
-        return lambda name: not disabled.match(name)
-    return lambda name: allowed.match(name) and not disabled.match(name)
+    if len(tests) == 1:
+        return tests[0]
+    return lambda name: all(test(name) for test in tests)
 
 
 def _subject(kind: str, owner: object, limit: RateLimit) -> str:
