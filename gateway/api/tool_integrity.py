@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints
 
 from gateway.accounts.access import ADMIN, PRINCIPAL, READ
 from gateway.api.models import Body, Out, Page
@@ -44,6 +44,10 @@ class ToolChangePage(Out):
 
 
 class ApproveIn(Body):
+    # Unknown fields are refused, not ignored: `{}` approves every tool, and a misspelt
+    # `tools` must not.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
     tools: Annotated[list[ToolName], Field(min_length=1, max_length=MAX_TOOLS)] | None = Field(
         default=None,
         description="the tools to approve, by name, each among those the server lists now; "

@@ -67,7 +67,7 @@ DELETE FROM tool_changes WHERE id IN (
 
 _SET_DIGEST = "UPDATE servers SET tool_definitions_hash = $2 WHERE id = $1"
 
-_NOTIFY = "SELECT pg_notify('gateway_invalidate', 'servers:' || $1::text)"
+_NOTIFY = "SELECT pg_notify('gateway_invalidate', 'servers:' || $1::uuid::text)"
 
 _APPROVE_ALL = """
 WITH gone AS (DELETE FROM server_tools WHERE server_id = $1 AND fingerprint IS NULL)
