@@ -261,6 +261,10 @@ class ServerOut(Out):
     disabled_tools: list[str] = Field(description=_DISABLED_TOOLS)
     rate_limit: str | None = Field(description=_SERVER_RATE_LIMIT)
     pin_tools: bool = Field(description=_PIN_TOOLS)
+    tools_waiting: int = Field(
+        description="tools of a server that pins them whose current definition is not approved "
+        "(new or changed since): refused until approved; 0 when it does not pin them"
+    )
     proxy_url: str = Field(
         description="the server's MCP endpoint for agents, through the gateway, with an API key "
         "as `Authorization: Bearer mcpg_…` or `X-API-Key`. Absolute: it starts with the "
@@ -426,6 +430,7 @@ async def update_server(
         if body.pin_tools and not current.pin_tools:
             # Pinning starts from what the server lists now: all of it approved.
             await server_tools_db.approve(conn, server_id, None, notify=False)
+            server["tools_waiting"] = 0
     assert server is not None  # locked above
     request.app[UPSTREAMS].forget(server_id)
     return _out(request, server)

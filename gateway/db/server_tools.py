@@ -94,13 +94,13 @@ ARRAY(SELECT t.name FROM server_tools t
       WHERE t.server_id = servers.id AND t.fingerprint = t.approved)
 """
 
-# Per server of a workspace: pinned, with tools waiting for approval (the overview's badge).
-_WAITING = """
-SELECT s.id, count(*)::int AS waiting
-FROM servers s JOIN server_tools t ON t.server_id = s.id
-WHERE s.workspace_id = $1 AND s.pin_tools AND t.fingerprint IS NOT NULL
-  AND t.fingerprint IS DISTINCT FROM t.approved
-GROUP BY s.id
+# How many tools of a pinned server wait for approval (0 when it does not pin them).
+TOOLS_WAITING: Final = """
+CASE WHEN servers.pin_tools THEN (
+    SELECT count(*) FROM server_tools t
+    WHERE t.server_id = servers.id AND t.fingerprint IS NOT NULL
+      AND t.fingerprint IS DISTINCT FROM t.approved
+)::int ELSE 0 END
 """
 
 _LIST = """
@@ -201,11 +201,6 @@ async def tools(db: Executor, server_id: uuid.UUID) -> list[dict[str, Any]]:
     """The server's current tools in name order: `definition`, `approved` (the current
     definition is the approved one), `was_approved` (some definition was), `seen_at`."""
     return [dict(row) for row in await db.fetch(_TOOLS, server_id)]
-
-
-async def waiting(db: Executor, workspace_id: uuid.UUID) -> dict[uuid.UUID, int]:
-    """Pinned servers of the workspace with tools waiting for approval: id -> how many."""
-    return {row["id"]: row["waiting"] for row in await db.fetch(_WAITING, workspace_id)}
 
 
 async def list_changes(

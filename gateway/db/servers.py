@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.db.bounds import make_room
-from gateway.db.server_tools import APPROVED_NAMES
+from gateway.db.server_tools import APPROVED_NAMES, TOOLS_WAITING
 from gateway.db.types import Connection, Executor, like_pattern
 
 
@@ -67,10 +67,10 @@ class SealedCredentials:
     credentials: bytes
 
 
-_COLUMNS = """
+_COLUMNS = f"""
 id, name, url, description, tags, auth_type, credentials IS NOT NULL AS has_credentials,
 status, last_checked_at, last_latency_ms, tool_count, tools_changed_at, created_at, updated_at,
-disabled_tools, rate_limit, pin_tools
+disabled_tools, rate_limit, pin_tools, {TOOLS_WAITING} AS tools_waiting
 """
 
 _UPSTREAM = f"""
