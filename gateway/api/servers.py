@@ -427,11 +427,11 @@ async def update_server(
             pin_tools=body.pin_tools,
         )
         server = await servers_db.update(conn, workspace_id, server_id, changes)
+        assert server is not None  # locked above
         if body.pin_tools and not current.pin_tools:
             # Pinning starts from what the server lists now: all of it approved.
             await server_tools_db.approve(conn, server_id, None, notify=False)
             server["tools_waiting"] = 0
-    assert server is not None  # locked above
     request.app[UPSTREAMS].forget(server_id)
     return _out(request, server)
 

@@ -72,11 +72,15 @@ def _required(schema: Any) -> set[str]:
     return {str(name) for name in required} if isinstance(required, list) else set()
 
 
+def _get(schema: Any, key: str) -> Any:
+    return schema.get(key) if isinstance(schema, Mapping) else None
+
+
 def schema_diff(before: Any, after: Any) -> dict[str, Any]:
     """Properties added, removed and changed (name, definition before and after), names that
     became required or optional, and the other keys of the schema that changed."""
     old, new = _properties(before), _properties(after)
-    others = set()
+    others: set[str] = set()
     for source in (before, after):
         if isinstance(source, Mapping):
             others.update(key for key in source if key not in ("properties", "required"))
@@ -90,11 +94,7 @@ def schema_diff(before: Any, after: Any) -> dict[str, Any]:
         ],
         "now_required": sorted(_required(after) - _required(before)),
         "now_optional": sorted(_required(before) - _required(after)),
-        "other": sorted(
-            key
-            for key in others
-            if (before or {}).get(key) != (after or {}).get(key)  # type: ignore[union-attr]
-        ),
+        "other": sorted(key for key in others if _get(before, key) != _get(after, key)),
     }
 
 
