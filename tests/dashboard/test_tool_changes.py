@@ -86,6 +86,7 @@ async def test_the_page_shows_the_diff_and_pinning_and_approving_work_through_fo
 
         overview = await browser.get("/")
         assert overview.has("2 tools to approve")
+        assert overview.has("Needs attention") and overview.has("2 pinned tools new or changed")
 
         await browser.post(f"/servers/{server_id}/tool-changes/approve", {"tool": "alpha"})
         server = (await api.get(f"/servers/{server_id}", auth=owner)).body
