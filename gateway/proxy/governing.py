@@ -37,6 +37,8 @@ class Filtering:
 
     ids: list[Any]
     visible: Callable[[str], bool] | None = None
+    # The request body, read again only when the reply is fingerprinted (which pages it asked).
+    sent: bytes = b""
 
 
 async def govern(
@@ -75,7 +77,7 @@ async def govern(
     if not body or (visible is None and calls):
         return None  # a tools/call pays nothing more here
     ids = tools_list_ids(body)
-    return None if ids is None else Filtering(ids, visible)
+    return None if ids is None else Filtering(ids, visible, body)
 
 
 def _check_mcp_name(request: web.Request, names: list[str]) -> None:

@@ -260,7 +260,7 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
                     # A tools/list's reply is fingerprinted (tool integrity) once relayed;
                     # a tools/call pays only the check above.
                     listing = tools_list_ids(body)
-                    filtering = None if listing is None else Filtering(listing)
+                    filtering = None if listing is None else Filtering(listing, None, body)
         if principal.rules is not None or upstream.rules is not None:
             # Governed access: only for callers a rule applies to (one check for the others).
             filtering = await govern(
@@ -487,10 +487,10 @@ async def _filtered(
         if reader.finish():
             await _follow(request, proxying, upstream, outcome, reader.take_handles())
         reader.delivered()
-    ids, visible = filtering.ids, filtering.visible
+    ids, visible, sent = filtering.ids, filtering.visible, filtering.sent
     assert visible is not None
     # Parsed later, from the bytes as the server sent them (the filtered copy is the caller's).
-    proxying.watch.seen_later(upstream.id, lambda: listed_tools(body, is_stream, ids))
+    proxying.watch.seen_later(upstream.id, lambda: listed_tools(body, is_stream, ids, sent))
     return UpstreamResponse(
         body=filter_reply(body, is_stream, ids, visible), status=reply.status, headers=headers
     )
@@ -539,8 +539,8 @@ async def _tapped(
             request.transport.close()
         return response
     if copy is not None:
-        body, ids = bytes(copy), filtering.ids
-        proxying.watch.seen_later(upstream.id, lambda: listed_tools(body, is_stream, ids))
+        body, ids, sent = bytes(copy), filtering.ids, filtering.sent
+        proxying.watch.seen_later(upstream.id, lambda: listed_tools(body, is_stream, ids, sent))
     return response
 
 

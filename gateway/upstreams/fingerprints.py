@@ -68,10 +68,25 @@ def list_digest(defined: Mapping[str, Mapping[str, Any]]) -> str:
     ).hexdigest()
 
 
-def listed_tools(body: bytes, event_stream: bool, ids: list[Any]) -> list[Any] | None:
-    """The tools of a complete `tools/list` response (one of `ids`) in a relayed reply, or
-    None: no such response, or only a page of the list (`nextCursor`), which says nothing of
-    the tools on other pages."""
+def listed_tools(
+    body: bytes, event_stream: bool, ids: list[Any], sent: bytes
+) -> list[Any] | None:
+    """The tools of a complete `tools/list` response (to one of `ids`, requests of the body
+    `sent`) in a relayed reply, or None: no such response, or only a page of a longer list (it
+    has a `nextCursor`, or its request a `cursor`), which says nothing of the other pages."""
+    try:
+        request = orjson.loads(sent)
+    except orjson.JSONDecodeError:
+        return None
+    firsts = [
+        one.get("id")
+        for one in (request if type(request) is list else [request])
+        if type(one) is dict
+        and one.get("id") in ids
+        and not (type(one.get("params")) is dict and one["params"].get("cursor"))
+    ]
+    if not firsts:
+        return None
     messages: list[Any] = []
     if event_stream:
         for event in _EVENT_END.split(body):
@@ -92,7 +107,7 @@ def listed_tools(body: bytes, event_stream: bool, ids: list[Any]) -> list[Any] |
             return None
     for message in messages:
         for one in message if type(message) is list else [message]:
-            if type(one) is not dict or one.get("id") not in ids:
+            if type(one) is not dict or one.get("id") not in firsts:
                 continue
             result = one.get("result")
             if type(result) is not dict or type(result.get("tools")) is not list:

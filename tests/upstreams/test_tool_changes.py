@@ -5,6 +5,7 @@ kept with the definitions before and after."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import asyncpg
 import orjson
@@ -203,3 +204,48 @@ async def test_changes_of_another_workspace_s_server_are_not_found(api: Api) -> 
     async with fake_upstream() as fake:
         server_id = await register(api, admin, fake.url)
     await api.get(f"/servers/{server_id}/tools/changes", auth=other, expect=404)
+
+
+async def proxied_list(api: Api, key: str, server_id: str, params: dict[str, Any]) -> bytes:
+    path = f"/api/v1/proxy/{server_id}/mcp"
+    headers = {"X-API-Key": key, "Accept": ACCEPT, "Content-Type": "application/json"}
+    opened = await api.client.post(path, data=orjson.dumps(rpc("initialize", {})), headers=headers)
+    await opened.read()
+    headers["Mcp-Session-Id"] = opened.headers["Mcp-Session-Id"]
+    listed = await api.client.post(
+        path, data=orjson.dumps(rpc("tools/list", params, rid=2)), headers=headers
+    )
+    assert listed.status == 200
+    body = await listed.read()
+    await recorded(api)
+    return body
+
+
+async def test_a_proxied_page_of_a_longer_list_is_left_to_the_probes(api: Api) -> None:
+    """One page says nothing of the tools on the others: no tool is taken for removed."""
+    admin = await api.signup()
+    key = await api.api_key(admin)
+    async with fake_upstream(page_size=2) as fake:
+        server_id = await register(api, admin, fake.url)
+        await probe(api, admin, server_id)
+        fake.tools = edited(fake.tools, "alpha", description="changed on the first page")
+        first = await proxied_list(api, key, server_id, {})
+        last = await proxied_list(api, key, server_id, {"cursor": "4"})
+        assert b"nextCursor" in first and b"nextCursor" not in last
+        assert (await changes(api, admin, server_id))["total"] == 0
+        await probe(api, admin, server_id)
+    [item] = (await changes(api, admin, server_id))["items"]
+    assert item["tool_name"] == "alpha"
+
+
+async def test_a_proxied_json_reply_is_fingerprinted_too(api: Api) -> None:
+    admin = await api.signup()
+    key = await api.api_key(admin)
+    async with fake_upstream() as fake:
+        server_id = await register(api, admin, fake.url)
+        await probe(api, admin, server_id)
+        fake.tools = fake.tools[:-1]
+        body = await proxied_list(api, key, server_id, {})
+    assert orjson.loads(body)["result"]["tools"] == fake.tools  # relayed unchanged
+    [item] = (await changes(api, admin, server_id))["items"]
+    assert (item["tool_name"], item["change"]) == ("echo", "removed")
