@@ -68,9 +68,7 @@ def list_digest(defined: Mapping[str, Mapping[str, Any]]) -> str:
     ).hexdigest()
 
 
-def listed_tools(
-    body: bytes, event_stream: bool, ids: list[Any], sent: bytes
-) -> list[Any] | None:
+def listed_tools(body: bytes, event_stream: bool, ids: list[Any], sent: bytes) -> list[Any] | None:
     """The tools of a complete `tools/list` response (to one of `ids`, requests of the body
     `sent`) in a relayed reply, or None: no such response, or only a page of a longer list (it
     has a `nextCursor`, or its request a `cursor`), which says nothing of the other pages."""
