@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from gateway.policy.budgets import Budgets
-from gateway.policy.rules import KeyRules, RateLimit, ServerRules
+from gateway.policy.rules import KeyRules, RateLimit, ServerRules, ToolPatterns
 
 # JSON-RPC error codes of the gateway's refusals (API_DECISIONS, "Governed access").
 TOOL_REFUSED: Final = -32003
@@ -103,19 +103,29 @@ def tool_filter(key: KeyRules | None, server: ServerRules | None) -> Callable[[s
     then passes byte for byte)."""
     allowed = None if key is None else key.tools
     disabled = None if server is None else server.disabled
-    pinned = None if server is None else server.pinned
-    tests: list[Callable[[str], bool]] = []
-    if allowed is not None:
-        tests.append(allowed.match)
-    if disabled is not None:
-        tests.append(lambda name: not disabled.match(name))
-    if pinned is not None:
-        tests.append(pinned.__contains__)
-    if not tests:
+    if server is not None and server.pinned is not None:
+        return _pinned_filter(allowed, disabled, server.pinned)
+    if allowed is None and disabled is None:
         return None
-    if len(tests) == 1:
-        return tests[0]
-    return lambda name: all(test(name) for test in tests)
+    if disabled is None:
+        assert allowed is not None
+        return allowed.match
+    if allowed is None:
+        return lambda name: not disabled.match(name)
+    return lambda name: allowed.match(name) and not disabled.match(name)
+
+
+def _pinned_filter(
+    allowed: ToolPatterns | None, disabled: ToolPatterns | None, approved: frozenset[str]
+) -> Callable[[str], bool]:
+    """A server that pins its tools shows only the approved ones, within the other rules."""
+    if allowed is None and disabled is None:
+        return approved.__contains__
+    return lambda name: (
+        name in approved
+        and (allowed is None or allowed.match(name))
+        and (disabled is None or not disabled.match(name))
+    )
 
 
 def _subject(kind: str, owner: object, limit: RateLimit) -> str:
