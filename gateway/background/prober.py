@@ -9,7 +9,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -25,7 +25,7 @@ from gateway.mcp.tool_list_budget import ToolListMemory
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SECRET_BOX, SecretBox
-from gateway.upstreams.fingerprints import TOOL_WATCH, ToolWatch
+from gateway.upstreams.fingerprints import TOOL_WATCH, ToolWatch, definitions
 from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,12 @@ class Prober:
         if self.metrics is not None:
             self.metrics.probes.inc(result.status)
             self.metrics.probe_seconds.observe(result.latency_ms / 1000, result.status)
+        # The parsed list goes at once: only its definitions' text is kept.
+        defined = None if result.tools is None else definitions(result.tools)
+        result = replace(result, tools=None)
         check = await health_checks_db.record(self.pool, server_id, result)
-        if check is not None and result.tools is not None and self.watch is not None:
-            await self.watch.seen(server_id, result.tools)
+        if check is not None and defined is not None and self.watch is not None:
+            await self.watch.seen(server_id, defined)
         return check
 
     async def run_round(self) -> int:

@@ -28,16 +28,16 @@ SELECT workspace_id, pin_tools, tool_definitions_hash FROM servers WHERE id = $1
 FOR NO KEY UPDATE
 """
 
+# Fingerprints only: definitions stay in the database (a definition may be large).
 _CURRENT = """
-SELECT name, fingerprint, definition FROM server_tools
-WHERE server_id = $1 AND fingerprint IS NOT NULL
+SELECT name, fingerprint FROM server_tools WHERE server_id = $1 AND fingerprint IS NOT NULL
 """
 
-# Tools seen (new or changed): stored as current, approvals kept.
+# Tools seen (new or changed): stored as current, approvals kept. Definitions arrive as text.
 _UPSERT = """
 INSERT INTO server_tools AS t (server_id, name, fingerprint, definition, seen_at)
-SELECT $1, u.name, u.fingerprint, u.definition, now()
-FROM unnest($2::text[], $3::text[], $4::jsonb[]) AS u (name, fingerprint, definition)
+SELECT $1, u.name, u.fingerprint, u.definition::jsonb, now()
+FROM unnest($2::text[], $3::text[], $4::text[]) AS u (name, fingerprint, definition)
 ON CONFLICT (server_id, name) DO UPDATE SET
     fingerprint = excluded.fingerprint, definition = excluded.definition, seen_at = now()
 """
@@ -52,10 +52,13 @@ UPDATE server_tools SET fingerprint = NULL, definition = NULL, seen_at = now()
 WHERE server_id = $1 AND name = ANY ($2::text[]) AND approved IS NOT NULL
 """
 
+# Before the tools are updated: `before` is the definition stored until now.
 _CHANGES = """
 INSERT INTO tool_changes (server_id, workspace_id, tool_name, change, before, after)
-SELECT $1, $2, c.name, c.change, c.before, c.after
-FROM unnest($3::text[], $4::text[], $5::jsonb[], $6::jsonb[]) AS c (name, change, before, after)
+SELECT $1, $2, c.name, c.change, t.definition, c.after::jsonb
+FROM unnest($3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS c (name, change, after, n)
+LEFT JOIN server_tools t ON t.server_id = $1 AND t.name = c.name
+ORDER BY c.n
 """
 
 _KEEP_NEWEST = """
@@ -132,50 +135,40 @@ async def current_digest(db: Executor, server_id: uuid.UUID) -> str | None:
 async def record(
     pool: asyncpg.Pool,
     server_id: uuid.UUID,
-    defined: Mapping[str, dict[str, Any]],
+    defined: Mapping[str, bytes],
     fingerprints: Mapping[str, str],
     digest: str,
 ) -> int:
-    """Store a list that differs from the last one (name -> definition, name -> fingerprint,
-    the list's digest); returns how many changes were recorded (0 if the server is gone, or
-    the list turned out to be the same, or it is the server's first)."""
+    """Store a list that differs from the last one (name -> canonical JSON of the definition,
+    name -> fingerprint, the list's digest); returns how many changes were recorded (0 if the
+    server is gone, or the list turned out to be the same, or it is the server's first)."""
     async with pool.acquire() as conn, conn.transaction():
         server = await conn.fetchrow(_LOCK, server_id)
         if server is None or server["tool_definitions_hash"] == digest:
             return 0
         first = server["tool_definitions_hash"] is None
-        before = {
-            row["name"]: (row["fingerprint"], row["definition"])
-            for row in await conn.fetch(_CURRENT, server_id)
-        }
-        seen = [name for name in defined if before.get(name, (None,))[0] != fingerprints[name]]
+        before = {row["name"]: row["fingerprint"] for row in await conn.fetch(_CURRENT, server_id)}
+        seen = [name for name in defined if before.get(name) != fingerprints[name]]
         gone = [name for name in before if name not in defined]
+        changes = 0
+        if not first and (seen or gone):
+            names = [*seen, *gone]
+            kinds = ["changed" if name in before else "added" for name in seen]
+            kinds += ["removed"] * len(gone)
+            after = [defined[name].decode() for name in seen] + [None] * len(gone)
+            await conn.execute(_CHANGES, server_id, server["workspace_id"], names, kinds, after)
+            await conn.execute(_KEEP_NEWEST, server_id, MAX_CHANGES_PER_SERVER)
+            changes = len(names)
         if seen:
             await conn.execute(
                 _UPSERT,
                 server_id,
                 seen,
                 [fingerprints[name] for name in seen],
-                [defined[name] for name in seen],
+                [defined[name].decode() for name in seen],
             )
         if gone:
             await conn.execute(_GONE, server_id, gone)
-        changes = 0
-        if not first and (seen or gone):
-            names = [*seen, *gone]
-            kinds = ["changed" if name in before else "added" for name in seen]
-            kinds += ["removed"] * len(gone)
-            await conn.execute(
-                _CHANGES,
-                server_id,
-                server["workspace_id"],
-                names,
-                kinds,
-                [before[name][1] if name in before else None for name in names],
-                [defined[name] for name in seen] + [None] * len(gone),
-            )
-            await conn.execute(_KEEP_NEWEST, server_id, MAX_CHANGES_PER_SERVER)
-            changes = len(names)
         await conn.execute(_SET_DIGEST, server_id, digest)
         if server["pin_tools"] and (seen or gone):
             await conn.execute(_NOTIFY, server_id)

@@ -60,7 +60,7 @@ from gateway.proxy.replies import ReplyReader, read_reply
 from gateway.proxy.requests import ToolCallSeen, UnreadableRequest, tool_calls_in
 from gateway.proxy.tasks import TASK_FOLLOWER, TaskFollower
 from gateway.security.outbound import RefusedAddress
-from gateway.upstreams.fingerprints import TOOL_WATCH, ToolWatch, listed_tools
+from gateway.upstreams.fingerprints import TOOL_WATCH, ToolWatch
 from gateway.upstreams.servers import UPSTREAMS, Upstream, Upstreams
 
 log = logging.getLogger(__name__)
@@ -490,7 +490,7 @@ async def _filtered(
     ids, visible, sent = filtering.ids, filtering.visible, filtering.sent
     assert visible is not None
     # Parsed later, from the bytes as the server sent them (the filtered copy is the caller's).
-    proxying.watch.seen_later(upstream.id, lambda: listed_tools(body, is_stream, ids, sent))
+    proxying.watch.relayed(upstream.id, upstream.workspace_id, body, is_stream, ids, sent)
     return UpstreamResponse(
         body=filter_reply(body, is_stream, ids, visible), status=reply.status, headers=headers
     )
@@ -539,8 +539,14 @@ async def _tapped(
             request.transport.close()
         return response
     if copy is not None:
-        body, ids, sent = bytes(copy), filtering.ids, filtering.sent
-        proxying.watch.seen_later(upstream.id, lambda: listed_tools(body, is_stream, ids, sent))
+        proxying.watch.relayed(
+            upstream.id,
+            upstream.workspace_id,
+            bytes(copy),
+            is_stream,
+            filtering.ids,
+            filtering.sent,
+        )
     return response
 
 

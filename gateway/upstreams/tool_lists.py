@@ -228,8 +228,7 @@ class ToolLists:
             tools = [_descriptor(tool) for tool in listed if isinstance(tool.get("name"), str)]
             if self._watch is not None:
                 # As listed, not as kept here (a missing description is no empty one).
-                seen = list(definitions(listed).values())
-                self._watch.seen_later(upstream.id, lambda: seen)
+                self._watch.seen_later(upstream.id, definitions(listed))
             del listed
             fresh = self._holding(ToolList(tools, datetime.now(UTC), cached=False), hold)
         except BaseException:
