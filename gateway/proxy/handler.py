@@ -216,11 +216,14 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
 
     Governed access (docs/behaviour.md): an API key without the `proxy` permission, or whose
     `allowed_servers` leave this server out, is 403 {"detail"} for every method; a `tools/call`
-    of a tool outside the key's `allowed_tools` or in the server's `disabled_tools` is 403 with
-    a JSON-RPC error -32003 to its id, and one over the key's or the server's `rate_limit` 429
+    of a tool outside the key's `allowed_tools`, in the server's `disabled_tools`, or (a server
+    with `pin_tools`) new or changed since approved, is 403 with a JSON-RPC error -32003 to its
+    id, and one over the key's or the server's `rate_limit` 429
     with Retry-After and -32029; each refused call is logged (`error`, "refused: ..."). A
     `tools/list` reply is cut to the tools the caller may call when a tool rule applies to it,
-    and marked `cacheScope: "private"`; every other reply passes byte for byte."""
+    and marked `cacheScope: "private"`; every other reply passes byte for byte. A 2xx
+    `tools/list` reply is fingerprinted per tool once relayed (GET
+    /servers/{id}/tools/changes)."""
     started = time.perf_counter()
     proxying = request.app[PROXYING]
     principal = request[PRINCIPAL]
