@@ -162,15 +162,54 @@ CREATE TABLE servers (
     -- tools/calls together ("N/unit").
     disabled_tools    text[] NOT NULL DEFAULT '{}',
     rate_limit        text,
+    -- Tool integrity: when true, a tool whose definition is not the approved one (server_tools)
+    -- is refused and left out of tools/list. tool_definitions_hash is the hash of the tool
+    -- definitions last seen (gateway/upstreams/fingerprints.py), so the same list seen again
+    -- costs one comparison.
+    pin_tools         boolean NOT NULL DEFAULT false,
+    tool_definitions_hash  text,
     CONSTRAINT servers_workspace_id_name_key UNIQUE (workspace_id, name),
     CONSTRAINT servers_credentials_match CHECK ((auth_type IS NULL) = (credentials IS NULL))
 );
 CREATE INDEX servers_next_probe_idx ON servers (next_probe_at);
 -- The name too: a toolset's tool names start with it (gateway/toolsets).
 CREATE TRIGGER servers_invalidate
-    AFTER UPDATE OF name, url, auth_type, credentials, disabled_tools, rate_limit OR DELETE
+    AFTER UPDATE OF name, url, auth_type, credentials, disabled_tools, rate_limit, pin_tools
+    OR DELETE
     ON servers
     FOR EACH ROW EXECUTE FUNCTION notify_invalidate('id');
+
+-- Tool integrity, written only through gateway/db/server_tools.py. Each tool of a server as the
+-- gateway last saw it (fingerprint: SHA-256 of the definition's canonical JSON), and the
+-- fingerprint approved for it. A tool gone from the list keeps its row (fingerprint null) while
+-- it has an approval, so that it comes back approved only unchanged; at most 2,000 current
+-- tools per server (the tool list bound), and approving all drops the rows of gone tools.
+CREATE TABLE server_tools (
+    server_id    uuid NOT NULL REFERENCES servers (id) ON DELETE CASCADE,
+    name         text NOT NULL,
+    fingerprint  text,
+    definition   jsonb,
+    approved     text,
+    seen_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (server_id, name)
+);
+
+-- The change history: one row per tool added, removed or changed, with the definitions before
+-- and after. At most 1,000 per server (the oldest go first), and none older than the alert
+-- retention (gateway/background/retention.py).
+CREATE TABLE tool_changes (
+    id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    server_id     uuid NOT NULL REFERENCES servers (id) ON DELETE CASCADE,
+    workspace_id  uuid NOT NULL,  -- the server's (deleted with it)
+    tool_name     text NOT NULL,
+    change        text NOT NULL CHECK (change IN ('added', 'removed', 'changed')),
+    before        jsonb,
+    after         jsonb,
+    detected_at   timestamptz NOT NULL DEFAULT now()
+);
+-- Per server, newest first: the list endpoint and the tool_changes alert metric.
+CREATE INDEX tool_changes_server_idx ON tool_changes (server_id, detected_at DESC, id DESC);
+CREATE INDEX tool_changes_detected_idx ON tool_changes (detected_at);
 
 -- Written only through gateway/db/health_checks.py, which keeps health_hourly and the
 -- servers' counters in step in the same statement (record and prune).
@@ -463,7 +502,7 @@ CREATE TABLE alert_rules (
     server_id          uuid REFERENCES servers (id) ON DELETE CASCADE,
     name               text NOT NULL,
     metric             text NOT NULL CHECK (metric IN ('error_rate', 'avg_latency_ms',
-                           'p95_latency_ms', 'call_count', 'server_down')),
+                           'p95_latency_ms', 'call_count', 'server_down', 'tool_changes')),
     operator           text NOT NULL CHECK (operator IN ('>', '>=', '<', '<=', '==')),
     threshold          double precision NOT NULL,
     window_minutes     integer NOT NULL CHECK (window_minutes BETWEEN 1 AND 1440),
@@ -678,4 +717,4 @@ CREATE TABLE oauth_refresh_tokens (
 CREATE INDEX oauth_refresh_tokens_grant_idx ON oauth_refresh_tokens (grant_id);
 CREATE INDEX oauth_refresh_tokens_expiry_idx ON oauth_refresh_tokens (expires_at);
 
-INSERT INTO schema_version (version) VALUES (13);
+INSERT INTO schema_version (version) VALUES (14);

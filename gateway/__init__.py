@@ -23,11 +23,12 @@ The packages (each opens with its job):
                  (names), sessions sealed inside their ids (sessions), the members' own
                  sessions (members), toolsets and their name index cached in-process
                  (registry)
-    policy/      governed access: rules (permissions, tool globs, rate limits), the
-                 decision per request (decisions), budgets shared by every process, and
-                 tools/list filtering (tool_lists)
+    policy/      governed access: rules (permissions, tool globs, rate limits, pinned
+                 tools), the decision per request (decisions), budgets shared by every
+                 process, and tools/list filtering (tool_lists)
     calllog/     the rows every producer writes (records) and the batched writer (writer)
-    upstreams/   registered servers as reached at run time (servers), their tool lists
+    upstreams/   registered servers as reached at run time (servers), their tool lists,
+                 and tool integrity: every list seen fingerprinted per tool (fingerprints)
     accounts/    who is calling and what they may do (access), signup, rate limits, mailer
     caching/     in-process caches, the LISTEN loop that drops their entries, the shared cache
     oauth/       OAuth 2.1 for MCP clients: the authorization server (server: authlib's
@@ -63,6 +64,9 @@ Words:
   the loops.
 - A *rate limit* is a rule ("100/minute"); a *budget* is one window's allowance of calls
   under it, shared by every process; a *lease* is the part of a budget one process holds.
+- A tool's *definition* is what its fingerprint covers (name, title, description, inputSchema,
+  outputSchema, annotations); a server that *pins* its tools serves only those whose definition
+  is the approved one.
 - A *refusal* is a request the rules stop before it is forwarded; its calls are logged with
   an error message starting "refused:".
 - *Health* is an upstream's (probes, /health); *readiness* is this process's (/readyz).

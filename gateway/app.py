@@ -25,6 +25,7 @@ from gateway.api import metrics as metrics_api
 from gateway.api import openapi
 from gateway.api import servers as servers_api
 from gateway.api import tool_calls as tool_calls_api
+from gateway.api import tool_integrity as tool_integrity_api
 from gateway.api import tools as tools_api
 from gateway.api import toolsets as toolsets_api
 from gateway.api import workspaces as workspaces_api
@@ -64,6 +65,7 @@ from gateway.security.untrusted_schemas import SCHEMA_CHECKER, SchemaChecker
 from gateway.toolsets import endpoint as toolset_endpoint
 from gateway.toolsets.endpoint import ToolsetEndpoint
 from gateway.toolsets.registry import TOOLSETS, Toolsets
+from gateway.upstreams.fingerprints import tool_watch_context
 from gateway.upstreams.servers import UPSTREAMS, Upstreams
 from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY, TOOL_LISTS, ToolLists
 
@@ -87,6 +89,7 @@ API_MODULES = (
     toolset_endpoint.routes,
     tool_calls_api.routes,
     servers_api.routes,
+    tool_integrity_api.routes,
     tools_api.routes,
     toolsets_api.routes,
     health_api.routes,
@@ -235,6 +238,7 @@ def create_app(settings: Settings) -> web.Application:
             _database,
             _budgets,
             _call_log,
+            tool_watch_context,
             task_follower_context,
             snapshots.metrics_context,
             _http_client,

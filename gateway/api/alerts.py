@@ -20,7 +20,9 @@ from gateway.keys import POOL, SETTINGS
 
 routes = Routes("alerts")
 
-Metric = Literal["error_rate", "avg_latency_ms", "p95_latency_ms", "call_count", "server_down"]
+Metric = Literal[
+    "error_rate", "avg_latency_ms", "p95_latency_ms", "call_count", "server_down", "tool_changes"
+]
 Operator = Literal[">", ">=", "<", "<=", "=="]
 EventType = Literal["FIRING", "RESOLVED"]
 DeliveryTarget = Literal["webhook", "slack"]
@@ -166,7 +168,9 @@ async def create_rule(request: web.Request, body: RuleIn) -> dict[str, Any]:
     `window_minutes`: `error_rate` (errors / calls, 0..1), `avg_latency_ms` and `p95_latency_ms`
     (calls that reported a duration; p95 by nearest rank, within 1% once the window holds a
     whole hour), `call_count` (0 without calls), `server_down` (1 when the newest probe in the
-    window is `down`, else 0). Without data (no calls, or no probe) the state does not change.
+    window is `down`, else 0), `tool_changes` (how many of the server's tools were added,
+    removed or changed in the window: GET /servers/{id}/tools/changes). Without data (no
+    calls, or no probe) the state does not change.
     When `metric operator threshold` starts to hold, a FIRING event is made and notifications
     are sent; when it stops, the incident is resolved (a RESOLVED event) and notified again.
     `slack_webhook_url` gets `{"text": "<one line>"}`; `webhook_url` gets

@@ -32,6 +32,7 @@ from gateway.api.models import (
 )
 from gateway.api.routing import API_PREFIX, Routes, validation_detail
 from gateway.background.prober import Prober
+from gateway.db import server_tools as server_tools_db
 from gateway.db import servers as servers_db
 from gateway.db.bounds import AtBound
 from gateway.errors import BoundReached, NotFound, ValidationFailed
@@ -176,6 +177,11 @@ _SERVER_RATE_LIMIT = (
     "null: none; else at most this many tools/calls to the server from the workspace, every "
     "caller together, e.g. '600/minute' (over it: 429)"
 )
+_PIN_TOOLS = (
+    "tool integrity: when true, a tool that is new or whose definition differs from the approved "
+    "one is refused (403, -32003) and left out of tools/list until POST "
+    "/servers/{id}/tools/approve approves it; turning it on approves the current definitions"
+)
 
 
 class ServerIn(Body):
@@ -191,6 +197,11 @@ class ServerIn(Body):
     )
     disabled_tools: ToolPatterns = Field(default_factory=list, description=_DISABLED_TOOLS)
     rate_limit: RateLimitText | None = Field(default=None, description=_SERVER_RATE_LIMIT)
+    pin_tools: bool = Field(
+        default=False,
+        description=f"{_PIN_TOOLS}; a server registered pinned has nothing approved yet, so its "
+        "tools wait for approval once first seen",
+    )
 
 
 class ServerPatch(Body):
@@ -213,6 +224,7 @@ class ServerPatch(Body):
     rate_limit: RateLimitText | None = Field(
         default=None, description=f"{_SERVER_RATE_LIMIT}; send null to remove it"
     )
+    pin_tools: bool | None = Field(default=None, description=_PIN_TOOLS)
 
 
 class ServerQuery(Query):
@@ -248,6 +260,11 @@ class ServerOut(Out):
     updated_at: datetime
     disabled_tools: list[str] = Field(description=_DISABLED_TOOLS)
     rate_limit: str | None = Field(description=_SERVER_RATE_LIMIT)
+    pin_tools: bool = Field(description=_PIN_TOOLS)
+    tools_waiting: int = Field(
+        description="tools of a server that pins them whose current definition is not approved "
+        "(new or changed since): refused until approved; 0 when it does not pin them"
+    )
     proxy_url: str = Field(
         description="the server's MCP endpoint for agents, through the gateway, with an API key "
         "as `Authorization: Bearer mcpg_…` or `X-API-Key`. Absolute: it starts with the "
@@ -341,6 +358,7 @@ async def create_server(request: web.Request, body: ServerIn) -> dict[str, Any]:
                 credentials=_seal(request, credentials),
                 disabled_tools=body.disabled_tools,
                 rate_limit=body.rate_limit,
+                pin_tools=body.pin_tools,
                 limit=limit,
             )
         except AtBound:
@@ -374,7 +392,9 @@ async def update_server(
     `auth_type` needs `auth_credentials` of the new shape; `auth_credentials` alone replaces
     those of the current auth_type. A `url` on another origin (scheme, host or port) clears
     the stored credentials and auth_type, unless the same PATCH supplies new credentials: they
-    were given for the old host only. A new url or new credentials are probed within seconds."""
+    were given for the old host only. A new url or new credentials are probed within seconds.
+    `pin_tools: true` on a server that did not pin its tools approves their current
+    definitions."""
     workspace_id = request[PRINCIPAL].workspace_id
     refuse_literal_destination(request, "url", body.url)
     async with request.app[POOL].acquire() as conn, conn.transaction():
@@ -404,9 +424,14 @@ async def update_server(
             disabled_tools=body.disabled_tools,
             set_rate_limit="rate_limit" in body.model_fields_set,
             rate_limit=body.rate_limit,
+            pin_tools=body.pin_tools,
         )
         server = await servers_db.update(conn, workspace_id, server_id, changes)
-    assert server is not None  # locked above
+        assert server is not None  # locked above
+        if body.pin_tools and not current.pin_tools:
+            # Pinning starts from what the server lists now: all of it approved.
+            await server_tools_db.approve(conn, server_id, None, notify=False)
+            server["tools_waiting"] = 0
     request.app[UPSTREAMS].forget(server_id)
     return _out(request, server)
 

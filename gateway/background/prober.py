@@ -9,7 +9,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -25,6 +25,7 @@ from gateway.mcp.tool_list_budget import ToolListMemory
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SECRET_BOX, SecretBox
+from gateway.upstreams.fingerprints import TOOL_WATCH, ToolWatch, definitions
 from gateway.upstreams.tool_lists import TOOL_LIST_MEMORY
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class Prober:
     metrics: Metrics | None = None
     # What this process may hold of tool lists at once (shared with the playground).
     memory: ToolListMemory | None = None
+    # Where the tool lists probes read are fingerprinted (tool integrity).
+    watch: ToolWatch | None = None
 
     @classmethod
     def from_app(cls, app: web.Application) -> Prober:
@@ -59,6 +62,7 @@ class Prober:
             per_workspace=settings.probes_per_workspace,
             metrics=app[METRICS],
             memory=app[TOOL_LIST_MEMORY],
+            watch=app[TOOL_WATCH],
         )
 
     async def probe_and_record(
@@ -82,7 +86,13 @@ class Prober:
         if self.metrics is not None:
             self.metrics.probes.inc(result.status)
             self.metrics.probe_seconds.observe(result.latency_ms / 1000, result.status)
-        return await health_checks_db.record(self.pool, server_id, result)
+        # The parsed list goes at once: only its definitions' text is kept.
+        defined = None if result.tools is None else definitions(result.tools)
+        result = replace(result, tools=None)
+        check = await health_checks_db.record(self.pool, server_id, result)
+        if check is not None and defined is not None and self.watch is not None:
+            await self.watch.seen(server_id, defined)
+        return check
 
     async def run_round(self) -> int:
         """Probe every server that is due now (as far as the workspaces' shares allow, which

@@ -1,9 +1,9 @@
 """Retention: what is older than its configured period is removed, hourly, without holding
 anything up. Raw tool calls go a UTC day at a time (their partitions, detached CONCURRENTLY and
-dropped), after the coming days' partitions are made; their hourly rollups, alert events and
-health checks go in small batches. Tasks the proxy followed that expired with no end seen
-become their calls' rows (gateway/proxy/tasks). Expired OAuth codes and refresh tokens go,
-and clients nobody consented to (gateway/db/oauth)."""
+dropped), after the coming days' partitions are made; their hourly rollups, alert events,
+health checks and tool changes (kept as long as alert events) go in small batches. Tasks the
+proxy followed that expired with no end seen become their calls' rows (gateway/proxy/tasks).
+Expired OAuth codes and refresh tokens go, and clients nobody consented to (gateway/db/oauth)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from gateway.db import oauth as oauth_db
 from gateway.db import partitions
 from gateway.db import rate_limits as rate_limits_db
 from gateway.db import rollups as rollups_db
+from gateway.db import server_tools as server_tools_db
 from gateway.db.rollups import floor_hour
 from gateway.db.unavailable import DATABASE_ERRORS
 from gateway.keys import POOL, SETTINGS
@@ -132,6 +133,7 @@ class Round:
     expired_tasks: int = 0
     # Expired OAuth codes and refresh tokens, and clients nobody uses (gateway/oauth).
     oauth_rows: int = 0
+    tool_changes: int = 0
     # The steps that failed (each is logged); the others ran all the same.
     failed: list[str] = field(default_factory=list)
 
@@ -187,6 +189,13 @@ async def run_once(
             lambda: rate_limits_db.prune(pool, batch_size), batch_size, pause
         )
 
+    async def tool_changes() -> None:
+        # Kept as long as alert events: both are the record of what happened to a server.
+        before = now - timedelta(days=settings.alert_retention_days)
+        done.tool_changes = await _in_batches(
+            lambda: server_tools_db.prune(pool, before, batch_size), batch_size, pause
+        )
+
     await step("health checks", health_checks())
     await step("rate limit attempts", rate_limits())
 
@@ -197,6 +206,7 @@ async def run_once(
             )
 
     await step("OAuth codes, refresh tokens and clients", oauth())
+    await step("tool changes", tool_changes())
     if call_log is not None:
 
         async def expired_tasks() -> None:

@@ -28,6 +28,7 @@ from gateway.dashboard import (
     servers,
     settings,
     tool_calls,
+    tool_changes,
     toolsets,
 )
 from gateway.dashboard.pages import render, secure
@@ -35,7 +36,17 @@ from gateway.errors import ERROR_PAGE
 
 log = logging.getLogger(__name__)
 
-PAGE_MODULES = (account, overview, servers, toolsets, tool_calls, analytics, alerts, settings)
+PAGE_MODULES = (
+    account,
+    overview,
+    servers,
+    tool_changes,
+    toolsets,
+    tool_calls,
+    analytics,
+    alerts,
+    settings,
+)
 
 _TITLES = {
     400: "Bad request",

@@ -40,6 +40,7 @@ _METRIC_TEXT = {
     "p95_latency_ms": "p95_latency_ms: 95th percentile call duration, ms",
     "call_count": "call_count: number of calls",
     "server_down": "server_down: 1 when the newest probe found the server down, else 0",
+    "tool_changes": "tool_changes: tools added, removed or changed",
 }
 _OPERATOR_TEXT = {
     ">": "> above",

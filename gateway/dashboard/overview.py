@@ -33,10 +33,11 @@ ERROR_RATE_ATTENTION = 0.05
 
 
 def verdict(
-    counts: dict[str, int], incidents: int, calls: int, errors: int
+    counts: dict[str, int], incidents: int, calls: int, errors: int, tools_waiting: int = 0
 ) -> dict[str, Any] | None:
     """The banner: `level` bad (anything wrong: a server down or degraded, an alert firing,
-    the error rate at ERROR_RATE_ATTENTION or more), waiting (nothing wrong, but servers not
+    the error rate at ERROR_RATE_ATTENTION or more, pinned tools refused until someone approves
+    them), waiting (nothing wrong, but servers not
     probed yet) or good, and what it is based on. None without servers or calls."""
     rate = errors / calls if calls else None
     problems = []
@@ -48,6 +49,9 @@ def verdict(
         problems.append(f"{plural(incidents, 'alert')} firing")
     if rate is not None and rate >= ERROR_RATE_ATTENTION:
         problems.append(f"{percent(rate)} of calls failed ({errors:,} of {calls:,})")
+    if tools_waiting:
+        waiting = plural(tools_waiting, "pinned tool")
+        problems.append(f"{waiting} new or changed, refused until approved")
     if problems:
         return {"level": "bad", "title": "Needs attention", "reasons": problems}
     if not sum(counts.values()) and not calls:
@@ -91,7 +95,9 @@ async def overview(request: web.Request) -> dict[str, Any]:
         )
     return {
         "section": "overview",
-        "verdict": verdict(counts, len(incidents), calls, errors),
+        "verdict": verdict(
+            counts, len(incidents), calls, errors, sum(s["tools_waiting"] for s in servers)
+        ),
         "error_rate_attention": ERROR_RATE_ATTENTION,
         "servers": sorted(servers, key=lambda s: (s["status"] not in _PROBLEMS, s["name"])),
         "counts": counts,

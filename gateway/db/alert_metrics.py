@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from gateway.db import server_tools as server_tools_db
 from gateway.db.histograms import percentile
 from gateway.db.rollups import ceil_hour, floor_hour
 from gateway.db.types import Executor
@@ -106,7 +107,8 @@ async def measure(
 ) -> dict[uuid.UUID, float]:
     """The metric per server; a server without data for it is left out (no calls in the window
     for the rate and latency metrics, no probe in the window for server_down). call_count of a
-    server without calls is 0: that is a measurement, not missing data."""
+    server without calls is 0, and tool_changes of one whose tools did not change: that is a
+    measurement, not missing data."""
     servers = list(server_ids)
     if not servers:
         return {}
@@ -114,6 +116,8 @@ async def measure(
         return await _call_metric(db, metric, servers, window)
     if metric == "p95_latency_ms":
         return await _p95(db, servers, window)
+    if metric == "tool_changes":
+        return await server_tools_db.changes_in_window(db, servers, window.start, window.end)
     if metric == "server_down":
         rows = await db.fetch(_LATEST_PROBE, servers, window.start, window.end)
         return {row["server_id"]: 1.0 if row["status"] == "down" else 0.0 for row in rows}

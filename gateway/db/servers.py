@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.db.bounds import make_room
+from gateway.db.server_tools import APPROVED_NAMES, TOOLS_WAITING
 from gateway.db.types import Connection, Executor, like_pattern
 
 
@@ -24,6 +25,9 @@ class UpstreamRow:
     # Governed access; the prober's claims leave them out (None).
     disabled_tools: list[str] | None = None
     rate_limit: str | None = None
+    # Tool integrity: None unless the server pins its tools; else the tools whose current
+    # definition is the approved one.
+    approved_tools: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,7 @@ class ServerChanges:
     # With set_rate_limit, rate_limit replaces the stored one (None removes it).
     set_rate_limit: bool = False
     rate_limit: str | None = None
+    pin_tools: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,7 @@ class LockedServer:
 
     url: str
     auth_type: str | None
+    pin_tools: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +67,15 @@ class SealedCredentials:
     credentials: bytes
 
 
-_COLUMNS = """
+_COLUMNS = f"""
 id, name, url, description, tags, auth_type, credentials IS NOT NULL AS has_credentials,
 status, last_checked_at, last_latency_ms, tool_count, tools_changed_at, created_at, updated_at,
-disabled_tools, rate_limit
+disabled_tools, rate_limit, pin_tools, {TOOLS_WAITING} AS tools_waiting
 """
 
-_UPSTREAM = """
-SELECT id, workspace_id, name, url, auth_type, credentials, disabled_tools, rate_limit
+_UPSTREAM = f"""
+SELECT id, workspace_id, name, url, auth_type, credentials, disabled_tools, rate_limit,
+       CASE WHEN pin_tools THEN {APPROVED_NAMES} END AS approved_tools
 FROM servers WHERE id = $1
 """
 
@@ -76,9 +83,10 @@ _COUNT = "SELECT count(*) FROM servers WHERE workspace_id = $1"
 
 _INSERT = f"""
 INSERT INTO servers (
-    workspace_id, name, url, description, tags, auth_type, credentials, disabled_tools, rate_limit
+    workspace_id, name, url, description, tags, auth_type, credentials, disabled_tools, rate_limit,
+    pin_tools
 )
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 RETURNING {_COLUMNS}
 """
 
@@ -93,7 +101,8 @@ _LIST_SEARCH = " AND (name ILIKE ${n} OR description ILIKE ${n} OR url ILIKE ${n
 _LIST_PAGE = " ORDER BY name, id LIMIT ${limit} OFFSET ${offset}"
 
 _LOCK = """
-SELECT url, auth_type FROM servers WHERE id = $1 AND workspace_id = $2 FOR NO KEY UPDATE
+SELECT url, auth_type, pin_tools FROM servers WHERE id = $1 AND workspace_id = $2
+FOR NO KEY UPDATE
 """
 
 _UPDATE = f"""
@@ -106,6 +115,7 @@ UPDATE servers SET
     credentials = CASE WHEN $7 THEN $9 ELSE coalesce($9, credentials) END,
     disabled_tools = coalesce($10, disabled_tools),
     rate_limit = CASE WHEN $11 THEN $12 ELSE rate_limit END,
+    pin_tools = coalesce($13, pin_tools),
     -- A new address or new credentials deserve a probe now rather than an interval later.
     next_probe_at = CASE WHEN coalesce($4, url) <> url OR $7 OR $9 IS NOT NULL
                          THEN now() ELSE next_probe_at END,
@@ -193,6 +203,7 @@ async def create(
     limit: int,
     disabled_tools: list[str] | None = None,
     rate_limit: str | None = None,
+    pin_tools: bool = False,
 ) -> dict[str, Any]:
     """A new server, unless the workspace already holds `limit` of them (AtBound)."""
     async with conn.transaction():
@@ -208,6 +219,7 @@ async def create(
             credentials,
             disabled_tools or [],
             rate_limit,
+            pin_tools,
         )
     assert row is not None
     return dict(row)
@@ -250,7 +262,7 @@ async def lock(
     """The server's url and auth_type, its row locked until the transaction ends; None if the
     workspace has no such server."""
     row = await conn.fetchrow(_LOCK, server_id, workspace_id)
-    return None if row is None else LockedServer(row["url"], row["auth_type"])
+    return None if row is None else LockedServer(row["url"], row["auth_type"], row["pin_tools"])
 
 
 async def update(
@@ -270,6 +282,7 @@ async def update(
         changes.disabled_tools,
         changes.set_rate_limit,
         changes.rate_limit,
+        changes.pin_tools,
     )
     return None if row is None else dict(row)
 

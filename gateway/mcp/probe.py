@@ -7,7 +7,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
@@ -33,6 +33,8 @@ class ProbeResult:
     error: str | None
     tool_count: int | None
     tools_hash: str | None
+    # The tools listed, for their fingerprints (gateway/upstreams/fingerprints).
+    tools: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
 
 def tools_hash(tools: Sequence[Mapping[str, Any]]) -> str:
@@ -88,10 +90,10 @@ async def probe(
         else:
             latency = elapsed_ms()
             if latency <= degraded_ms:
-                result = ProbeResult(HEALTHY, latency, None, len(tools), tools_hash(tools))
+                result = ProbeResult(HEALTHY, latency, None, len(tools), tools_hash(tools), tools)
             else:
                 slow = f"answered in {latency:.0f} ms, over the {degraded_ms:g} ms threshold"
-                result = ProbeResult(DEGRADED, latency, slow, len(tools), tools_hash(tools))
+                result = ProbeResult(DEGRADED, latency, slow, len(tools), tools_hash(tools), tools)
     finally:
         # Outside the measured, time-bounded part: ending the session is not part of its health.
         await client.close()

@@ -4,7 +4,7 @@ Rules apply in this order, and the first that refuses decides:
 
 1. the key's permissions (`proxy`), then its `allowed_servers`: refused for every method;
 2. each `tools/call`'s tool against the key's `allowed_tools`, then the server's
-   `disabled_tools`;
+   `disabled_tools`, then (a server that pins its tools) its approved tools;
 3. the key's rate limit, then the server's (calls refused by the second are given back to
    the first).
 
@@ -19,11 +19,16 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from gateway.policy.budgets import Budgets
-from gateway.policy.rules import KeyRules, RateLimit, ServerRules
+from gateway.policy.rules import KeyRules, RateLimit, ServerRules, ToolPatterns
 
 # JSON-RPC error codes of the gateway's refusals (API_DECISIONS, "Governed access").
 TOOL_REFUSED: Final = -32003
 RATE_LIMITED: Final = -32029
+
+_NOT_APPROVED = (
+    "tool {name!r} is new or has changed since the server's tools were approved "
+    "(pinned tools: an admin approves it in the dashboard or POST /servers/{{id}}/tools/approve)"
+)
 
 
 class Refused(Exception):
@@ -63,8 +68,11 @@ def check_tools(key: KeyRules | None, server: ServerRules | None, names: Sequenc
             raise Refused(
                 403, f"tool {name!r} is not among this API key's allowed tools", code=TOOL_REFUSED
             )
-        if server is not None and server.disabled is not None and server.disabled.match(name):
-            raise Refused(403, f"tool {name!r} is disabled on this server", code=TOOL_REFUSED)
+        if server is not None:
+            if server.disabled is not None and server.disabled.match(name):
+                raise Refused(403, f"tool {name!r} is disabled on this server", code=TOOL_REFUSED)
+            if server.pinned is not None and name not in server.pinned:
+                raise Refused(403, _NOT_APPROVED.format(name=name), code=TOOL_REFUSED)
 
 
 async def take_calls(
@@ -95,6 +103,8 @@ def tool_filter(key: KeyRules | None, server: ServerRules | None) -> Callable[[s
     then passes byte for byte)."""
     allowed = None if key is None else key.tools
     disabled = None if server is None else server.disabled
+    if server is not None and server.pinned is not None:
+        return _pinned_filter(allowed, disabled, server.pinned)
     if allowed is None and disabled is None:
         return None
     if disabled is None:
@@ -103,6 +113,19 @@ def tool_filter(key: KeyRules | None, server: ServerRules | None) -> Callable[[s
     if allowed is None:
         return lambda name: not disabled.match(name)
     return lambda name: allowed.match(name) and not disabled.match(name)
+
+
+def _pinned_filter(
+    allowed: ToolPatterns | None, disabled: ToolPatterns | None, approved: frozenset[str]
+) -> Callable[[str], bool]:
+    """A server that pins its tools shows only the approved ones, within the other rules."""
+    if allowed is None and disabled is None:
+        return approved.__contains__
+    return lambda name: (
+        name in approved
+        and (allowed is None or allowed.match(name))
+        and (disabled is None or not disabled.match(name))
+    )
 
 
 def _subject(kind: str, owner: object, limit: RateLimit) -> str:

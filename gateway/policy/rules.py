@@ -134,16 +134,24 @@ class ServerRules:
     server_id: object
     disabled: ToolPatterns | None
     rate_limit: RateLimit | None
+    # Tool integrity: when the server pins its tools, the only ones that may be called (those
+    # whose current definition is the approved one); None when it does not.
+    pinned: frozenset[str] | None = None
 
     @classmethod
     def of(
-        cls, server_id: object, disabled_tools: Iterable[str], rate_limit: str | None
+        cls,
+        server_id: object,
+        disabled_tools: Iterable[str],
+        rate_limit: str | None,
+        approved_tools: Iterable[str] | None = None,
     ) -> ServerRules | None:
         patterns = tuple(disabled_tools)
-        if not patterns and not rate_limit:
+        if not patterns and not rate_limit and approved_tools is None:
             return None
         return cls(
             server_id,
             ToolPatterns(patterns) if patterns else None,
             parse_rate_limit(rate_limit) if rate_limit else None,
+            None if approved_tools is None else frozenset(approved_tools),
         )

@@ -31,10 +31,14 @@ HEADER_MISMATCH: Final = -32020
 
 @dataclass(frozen=True, slots=True)
 class Filtering:
-    """A `tools/list` reply to cut: the ids of the list requests, and which tools to keep."""
+    """A `tools/list` request's reply: the ids of the list requests, and which tools to keep
+    (None: all, the reply streams through as it comes). Its tools are fingerprinted either way
+    (tool integrity), once it was relayed."""
 
     ids: list[Any]
-    visible: Callable[[str], bool]
+    visible: Callable[[str], bool] | None = None
+    # The request body, read again only when the reply is fingerprinted (which pages it asked).
+    sent: bytes = b""
 
 
 async def govern(
@@ -49,9 +53,10 @@ async def govern(
     *,
     toolset_id: uuid.UUID | None = None,
 ) -> Filtering | None:
-    """Raises the refusal of a request the rules refuse (after logging its calls); else what
-    to filter in its reply, if anything. A toolset's call (`toolset_id`) has had its Mcp-Name
-    checked against the name the client used, which is not the server's. Requests about a task
+    """Raises the refusal of a request the rules refuse (after logging its calls); else the
+    `tools/list` requests whose reply is filtered (or only fingerprinted), if any. A toolset's
+    call (`toolset_id`) has had its Mcp-Name checked against the name the client used, which
+    is not the server's. Requests about a task
     (tasks/get...) call no tool: only the key's permission and servers apply to them, and a
     refusal logs no row for them."""
     if calls and any(call.about is not None for call in calls):
@@ -69,10 +74,10 @@ async def govern(
         # A toolset's client called one tool: even a refusal of the server is about that call.
         raise refusal(refused, calls, to_calls=toolset_id is not None) from None
     visible = decisions.tool_filter(key, upstream.rules)
-    if visible is None or not body:
-        return None
+    if not body or (visible is None and calls):
+        return None  # a tools/call pays nothing more here
     ids = tools_list_ids(body)
-    return None if ids is None else Filtering(ids, visible)
+    return None if ids is None else Filtering(ids, visible, body)
 
 
 def _check_mcp_name(request: web.Request, names: list[str]) -> None:

@@ -42,7 +42,7 @@ from gateway.keys import HTTP, SETTINGS
 from gateway.mcp.tool_list_budget import MAX_TOOL_LIST_BYTES, MiB
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.policy.budgets import BUDGETS, Budgets
-from gateway.policy.tool_lists import filter_reply
+from gateway.policy.tool_lists import filter_reply, tools_list_ids
 from gateway.proxy import cors
 from gateway.proxy.admission import LARGE_BODY_BYTES, InFlight, LargeBodies, process_stream_bound
 from gateway.proxy.governing import Filtering, govern
@@ -60,6 +60,7 @@ from gateway.proxy.replies import ReplyReader, read_reply
 from gateway.proxy.requests import ToolCallSeen, UnreadableRequest, tool_calls_in
 from gateway.proxy.tasks import TASK_FOLLOWER, TaskFollower
 from gateway.security.outbound import RefusedAddress
+from gateway.upstreams.fingerprints import TOOL_WATCH, ToolWatch
 from gateway.upstreams.servers import UPSTREAMS, Upstream, Upstreams
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,8 @@ class Proxying:
     budgets: Budgets
     # Calls that became tasks, followed until a reply ends them (in any process).
     tasks: TaskFollower
+    # Where relayed tool lists are fingerprinted (tool integrity), after the reply.
+    watch: ToolWatch
 
     @classmethod
     async def setup(cls, app: web.Application) -> None:
@@ -152,6 +155,7 @@ class Proxying:
             LargeBodies(),
             app[BUDGETS],
             app[TASK_FOLLOWER],
+            app[TOOL_WATCH],
         )
 
 
@@ -213,11 +217,14 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
 
     Governed access (docs/behaviour.md): an API key without the `proxy` permission, or whose
     `allowed_servers` leave this server out, is 403 {"detail"} for every method; a `tools/call`
-    of a tool outside the key's `allowed_tools` or in the server's `disabled_tools` is 403 with
-    a JSON-RPC error -32003 to its id, and one over the key's or the server's `rate_limit` 429
+    of a tool outside the key's `allowed_tools`, in the server's `disabled_tools`, or (a server
+    with `pin_tools`) new or changed since approved, is 403 with a JSON-RPC error -32003 to its
+    id, and one over the key's or the server's `rate_limit` 429
     with Retry-After and -32029; each refused call is logged (`error`, "refused: ..."). A
     `tools/list` reply is cut to the tools the caller may call when a tool rule applies to it,
-    and marked `cacheScope: "private"`; every other reply passes byte for byte.
+    and marked `cacheScope: "private"`; every other reply passes byte for byte. A 2xx
+    `tools/list` reply is fingerprinted per tool once relayed (GET
+    /servers/{id}/tools/changes).
 
     Credentials: an API key, an access token, or an OAuth access token issued for this very
     URL (its `resource`, RFC 8707; docs/behaviour.md, "OAuth tokens on MCP URLs"), which acts
@@ -247,6 +254,7 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
         headers = upstream_headers(request.headers, upstream.auth_headers)
         body = b""
         calls: list[ToolCallSeen] = []
+        filtering: Filtering | None = None
         if request.body_exists:
             if (request.content_length or 0) > proxying.max_body_bytes:
                 raise PayloadTooLarge(f"request body over {proxying.max_body_bytes} bytes")
@@ -260,7 +268,11 @@ async def proxy(request: web.Request, server_id: uuid.UUID) -> web.StreamRespons
                         calls = tool_calls_in(body)
                 except UnreadableRequest as exc:
                     raise JsonRpcRefusal(400, exc.code, exc.message) from None
-        filtering = None
+                if not calls:
+                    # A tools/list's reply is fingerprinted (tool integrity) once relayed;
+                    # a tools/call pays only the check above.
+                    listing = tools_list_ids(body)
+                    filtering = None if listing is None else Filtering(listing, None, body)
         if principal.rules is not None or upstream.rules is not None:
             # Governed access: only for callers a rule applies to (one check for the others).
             filtering = await govern(
@@ -394,6 +406,10 @@ async def _exchange(
         is_stream = is_event_stream(content_type)
         length = reply.content_length
         if filtering is not None and 200 <= reply.status < 300:
+            if filtering.visible is None:
+                return await _tapped(
+                    request, proxying, upstream, reply, headers, outcome, filtering, is_stream
+                )
             filtered = await _filtered(
                 request, proxying, upstream, reply, headers, outcome, filtering, is_stream
             )
@@ -483,8 +499,67 @@ async def _filtered(
         if reader.finish():
             await _follow(request, proxying, upstream, outcome, reader.take_handles())
         reader.delivered()
-    body = filter_reply(body, is_stream, filtering.ids, filtering.visible)
-    return UpstreamResponse(body=body, status=reply.status, headers=headers)
+    ids, visible, sent = filtering.ids, filtering.visible, filtering.sent
+    assert visible is not None
+    # Parsed later, from the bytes as the server sent them (the filtered copy is the caller's).
+    proxying.watch.relayed(upstream.id, upstream.workspace_id, body, is_stream, ids, sent)
+    return UpstreamResponse(
+        body=filter_reply(body, is_stream, ids, visible), status=reply.status, headers=headers
+    )
+
+
+async def _tapped(
+    request: web.Request,
+    proxying: Proxying,
+    upstream: Upstream,
+    reply: aiohttp.ClientResponse,
+    headers: CIMultiDict[str],
+    outcome: Outcome,
+    filtering: Filtering,
+    is_stream: bool,
+) -> web.StreamResponse:
+    """A `tools/list` reply nothing is cut from: relayed as it comes, a copy kept (up to the
+    tool list bound) for its fingerprints, which are read once the reply has ended."""
+    outcome.answered_at = time.perf_counter()
+    response = UpstreamStream(status=reply.status, headers=headers)
+    response.bare = reply.headers.get("Content-Type") is None
+    if is_stream:
+        response.headers["X-Accel-Buffering"] = "no"
+    elif reply.content_length is not None:
+        response.content_length = reply.content_length
+    copy: bytearray | None = bytearray()
+    try:
+        await response.prepare(request)
+        async for chunk in reply.content.iter_any():
+            outcome.size += len(chunk)
+            if copy is not None:
+                copy += chunk
+                if len(copy) > MAX_TOOL_LIST_BYTES:
+                    copy = None  # over the bound any list is refused at: not fingerprinted
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                raise _CallerLeft from None
+        await response.write_eof()
+    except _CallerLeft:
+        outcome.cancelled = True
+        return response
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        _stopped_mid_response(outcome, exc, proxying.timeout_seconds)
+        log.warning("proxy to %s: %s", reply.url, outcome.error)
+        if request.transport is not None:
+            request.transport.close()
+        return response
+    if copy is not None:
+        proxying.watch.relayed(
+            upstream.id,
+            upstream.workspace_id,
+            bytes(copy),
+            is_stream,
+            filtering.ids,
+            filtering.sent,
+        )
+    return response
 
 
 async def _pump(

@@ -73,7 +73,9 @@ class Upstreams:
             name=row.name,
             url=row.url,
             auth_headers=upstream_auth_headers(row.auth_type, credentials),
-            rules=ServerRules.of(row.id, row.disabled_tools or (), row.rate_limit),
+            rules=ServerRules.of(
+                row.id, row.disabled_tools or (), row.rate_limit, row.approved_tools
+            ),
         )
 
 

@@ -44,6 +44,7 @@ from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.client import McpClient
 from gateway.mcp.errors import McpError, McpTimeoutError, ToolListTooLarge
 from gateway.mcp.tool_list_budget import ToolListHold, ToolListMemory, parsed_size
+from gateway.upstreams.fingerprints import TOOL_WATCH, ToolWatch, definitions
 from gateway.upstreams.servers import Upstream
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,11 @@ class ToolLists:
         ttl: float,
         timeout: float,
         secret: str,
+        watch: ToolWatch | None = None,
     ) -> None:
         self._cache = cache
+        # Where fetched lists are fingerprinted (tool integrity).
+        self._watch = watch
         self._http = http
         self._pool = pool
         self.memory = memory
@@ -156,6 +160,7 @@ class ToolLists:
             # The proxy's bound: the playground answers 504 where the proxy would.
             timeout=settings.proxy_timeout_seconds,
             secret=settings.jwt_secret,
+            watch=app[TOOL_WATCH],
         )
 
     async def get(self, upstream: Upstream) -> ToolList:
@@ -221,6 +226,9 @@ class ToolLists:
             except McpError as exc:
                 raise BadGateway(f"cannot list the server's tools: {exc}") from None
             tools = [_descriptor(tool) for tool in listed if isinstance(tool.get("name"), str)]
+            if self._watch is not None:
+                # As listed, not as kept here (a missing description is no empty one).
+                self._watch.seen_later(upstream.id, definitions(listed))
             del listed
             fresh = self._holding(ToolList(tools, datetime.now(UTC), cached=False), hold)
         except BaseException:

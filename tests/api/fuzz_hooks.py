@@ -27,6 +27,8 @@ _NOT_IN_A_SCHEMA = (
     # cannot say that objects differ in one field).
     "not a server of this workspace",
     "a server is a member once",
+    # POST /servers/{id}/tools/approve: the names must be tools the server lists now.
+    "not among the tools the server lists now",
 )
 
 

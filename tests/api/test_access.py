@@ -372,6 +372,11 @@ ROWS: dict[tuple[str, str], Row] = {
     ("POST", "/servers/{server_id}/tools/invoke"): R(
         (401, 403, 404, 403, 200, 200), params=server, body=body({"tool_name": "echo"})
     ),
+    # Tool integrity: the history for readers, approvals for admins.
+    ("GET", "/servers/{server_id}/tools/changes"): R((401, 200, 404, 200, 200, 200), params=server),
+    ("POST", "/servers/{server_id}/tools/approve"): R(
+        (401, 403, 404, 403, 200, 200), params=server, body=body({})
+    ),
     # Toolsets: reads for members and API keys (a member that cannot be listed is reported in
     # the answer, not an error of it), changes for admins.
     ("GET", "/toolsets"): R((401, 200, 200, 200, 200, 200)),

@@ -32,6 +32,7 @@ BODIES: dict[str, Callable[[Ids], Any]] = {
     "ApiKeyPatch": lambda ids: {"permissions": ["proxy"], "rate_limit": "1/day"},
     "ServerPatch": lambda ids: {"url": "http://127.0.0.1:9/stolen"},
     "InvokeIn": lambda ids: {"tool_name": "echo"},
+    "ApproveIn": lambda ids: {},
     "ToolsetIn": lambda ids: {"name": "spy", "servers": [{"server_id": ids["server_id"]}]},
     "ToolsetPatch": lambda ids: {
         "name": "Taken over",

@@ -69,6 +69,8 @@ async def test_register_then_read_back(api: Api) -> None:
         "updated_at": created["updated_at"],
         "disabled_tools": [],
         "rate_limit": None,
+        "pin_tools": False,
+        "tools_waiting": 0,
         "proxy_url": f"http://gateway.test/api/v1/proxy/{created['id']}/mcp",
     }
     assert (await api.get(f"/servers/{created['id']}", auth=admin, expect=200)).body == created

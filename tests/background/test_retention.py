@@ -241,3 +241,27 @@ async def test_rollups_and_alert_events_go_in_batches(api: Api, db: asyncpg.Conn
     # Rollups are never pruned inside the analytics' 30 days or the raw calls' retention.
     short = settings.replace(rollup_retention_days=1, tool_call_retention_days=35)
     assert rollup_cutoff(short, now) == floor_hour(now - timedelta(days=35))
+
+
+async def test_tool_changes_go_after_the_alert_retention(api: Api, db: asyncpg.Connection) -> None:
+    admin = await api.signup()
+    workspace_id = uuid.UUID(admin.workspace_id)
+    server_id = await db.fetchval(
+        "INSERT INTO servers (workspace_id, name, url) VALUES ($1, 's', 'http://x.test/mcp') "
+        "RETURNING id",
+        workspace_id,
+    )
+    now = datetime.now(UTC)
+    ages = [400, 401, 450, 399, 1]  # days
+    for age in ages:
+        await db.execute(
+            "INSERT INTO tool_changes (server_id, workspace_id, tool_name, change, detected_at) "
+            "VALUES ($1, $2, 't', 'added', $3)",
+            server_id,
+            workspace_id,
+            now - timedelta(days=age, minutes=1),
+        )
+    settings = api.app[SETTINGS].replace(alert_retention_days=400)
+    done = await run_once(api.app[POOL], settings, now=now, batch_size=1, pause=0)
+    assert done.tool_changes == 3 and "tool changes" not in done.failed
+    assert await db.fetchval("SELECT count(*) FROM tool_changes") == 2

@@ -99,3 +99,28 @@ def test_the_tools_list_filter_exists_only_when_a_tool_rule_applies() -> None:
         False,
         False,
     ]
+
+
+def test_a_pinned_server_serves_only_its_approved_tools_within_the_other_rules() -> None:
+    pinned = ServerRules.of(SERVER, ["write_*"], None, ["read_a", "write_b"])
+    assert pinned is not None and pinned.pinned == {"read_a", "write_b"}
+    check_tools(None, pinned, ["read_a"])
+    with pytest.raises(Refused, match="new or has changed since") as refused:
+        check_tools(None, pinned, ["read_new"])
+    assert (refused.value.status, refused.value.code) == (403, TOOL_REFUSED)
+    with pytest.raises(Refused, match="disabled"):  # disabled first, as documented
+        check_tools(None, pinned, ["write_b"])
+    alone = tool_filter(None, ServerRules.of(SERVER, [], None, ["read_a"]))
+    assert alone is not None and [alone(n) for n in ("read_a", "read_b")] == [True, False]
+    within = tool_filter(key(tools=["read_*", "write_*"]), pinned)
+    assert within is not None
+    assert [within(n) for n in ("read_a", "write_b", "read_new")] == [True, False, False]
+
+
+def test_a_pinned_server_with_nothing_approved_refuses_every_tool() -> None:
+    pinned = ServerRules.of(SERVER, [], None, [])
+    assert pinned is not None
+    with pytest.raises(Refused):
+        check_tools(None, pinned, ["anything"])
+    visible = tool_filter(None, pinned)
+    assert visible is not None and not visible("anything")
