@@ -22,7 +22,6 @@ import httpx2
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
-from gateway.oauth.clients import DOCUMENT_SSL
 from mcp.client import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
@@ -30,6 +29,7 @@ from mcp.shared.auth import OAuthClientMetadata
 
 from gateway.app import create_app
 from gateway.config import Settings
+from gateway.oauth.clients import DOCUMENT_SSL
 from tests.helpers.api import Account, Api
 from tests.helpers.chromium import launched, needs_chromium, playwright_api
 from tests.helpers.contract import ContractChecker

@@ -103,7 +103,7 @@ def test_the_tools_list_filter_exists_only_when_a_tool_rule_applies() -> None:
 
 def test_a_pinned_server_serves_only_its_approved_tools_within_the_other_rules() -> None:
     pinned = ServerRules.of(SERVER, ["write_*"], None, ["read_a", "write_b"])
-    assert pinned is not None and pinned.pinned == {"read_a", "write_b"}
+    assert pinned is not None and pinned.pinned == frozenset({"read_a", "write_b"})
     check_tools(None, pinned, ["read_a"])
     with pytest.raises(Refused, match="new or has changed since") as refused:
         check_tools(None, pinned, ["read_new"])

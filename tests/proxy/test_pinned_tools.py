@@ -185,6 +185,7 @@ async def test_approving_a_tool_the_server_does_not_list_is_422_and_approves_not
     await changed_and_seen(pinned, "bravo")
     body = await pinned.approve({"tools": ["bravo", "nonexistent"]}, expect=422)
     assert body["detail"].startswith("body.tools:") and "'nonexistent'" in body["detail"]
+    bad: dict[str, Any]
     for bad in ({"tools": []}, {"tools": "bravo"}, {"tools": [""]}, {"names": ["bravo"]}):
         detail = (await pinned.approve(bad, expect=422))["detail"]
         assert detail.startswith("body"), detail
