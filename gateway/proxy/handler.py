@@ -56,7 +56,7 @@ from gateway.proxy.headers import (
     upstream_headers,
 )
 from gateway.proxy.outcome import Outcome, caller_agent, count_exchange, record_calls
-from gateway.proxy.replies import ReplyReader, read_reply
+from gateway.proxy.replies import ListTap, ReplyReader, read_reply
 from gateway.proxy.requests import ToolCallSeen, UnreadableRequest, tool_calls_in
 from gateway.proxy.tasks import TASK_FOLLOWER, TaskFollower
 from gateway.security.outbound import RefusedAddress
@@ -406,16 +406,23 @@ async def _exchange(
         is_stream = is_event_stream(content_type)
         length = reply.content_length
         if filtering is not None and 200 <= reply.status < 300:
-            if filtering.visible is None:
-                return await _tapped(
+            if filtering.visible is not None:
+                filtered = await _filtered(
                     request, proxying, upstream, reply, headers, outcome, filtering, is_stream
                 )
-            filtered = await _filtered(
-                request, proxying, upstream, reply, headers, outcome, filtering, is_stream
+                filtered.bare = content_type is None
+                return filtered
+            # A `tools/list` reply nothing is cut from: streamed as it comes, a copy read on
+            # the way for its fingerprints (tool integrity). Its request held no calls.
+            outcome.reader = ListTap(
+                proxying.watch,
+                upstream.id,
+                upstream.workspace_id,
+                is_stream,
+                filtering.ids,
+                filtering.sent,
             )
-            filtered.bare = content_type is None
-            return filtered
-        if not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
+        elif not is_stream and length is not None and length <= _BUFFERED_REPLY_BYTES:
             # Most tools/call answers: a small JSON reply of known length, read whole and sent
             # in one write. Nothing has been sent yet when the upstream fails here, so the
             # caller gets a 502. (Here rather than in a coroutine of its own: each level of
@@ -506,60 +513,6 @@ async def _filtered(
     return UpstreamResponse(
         body=filter_reply(body, is_stream, ids, visible), status=reply.status, headers=headers
     )
-
-
-async def _tapped(
-    request: web.Request,
-    proxying: Proxying,
-    upstream: Upstream,
-    reply: aiohttp.ClientResponse,
-    headers: CIMultiDict[str],
-    outcome: Outcome,
-    filtering: Filtering,
-    is_stream: bool,
-) -> web.StreamResponse:
-    """A `tools/list` reply nothing is cut from: relayed as it comes, a copy kept (up to the
-    tool list bound) for its fingerprints, which are read once the reply has ended."""
-    outcome.answered_at = time.perf_counter()
-    response = UpstreamStream(status=reply.status, headers=headers)
-    response.bare = reply.headers.get("Content-Type") is None
-    if is_stream:
-        response.headers["X-Accel-Buffering"] = "no"
-    elif reply.content_length is not None:
-        response.content_length = reply.content_length
-    copy: bytearray | None = bytearray()
-    try:
-        await response.prepare(request)
-        async for chunk in reply.content.iter_any():
-            outcome.size += len(chunk)
-            if copy is not None:
-                copy += chunk
-                if len(copy) > MAX_TOOL_LIST_BYTES:
-                    copy = None  # over the bound any list is refused at: not fingerprinted
-            try:
-                await response.write(chunk)
-            except ConnectionError:
-                raise _CallerLeft from None
-        await response.write_eof()
-    except _CallerLeft:
-        outcome.cancelled = True
-        return response
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        _stopped_mid_response(outcome, exc, proxying.timeout_seconds)
-        log.warning("proxy to %s: %s", reply.url, outcome.error)
-        if request.transport is not None:
-            request.transport.close()
-        return response
-    if copy is not None:
-        proxying.watch.relayed(
-            upstream.id,
-            upstream.workspace_id,
-            bytes(copy),
-            is_stream,
-            filtering.ids,
-            filtering.sent,
-        )
-    return response
 
 
 async def _pump(

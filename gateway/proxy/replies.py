@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
 
 from gateway.mcp.sse import SseError, SseParser
+from gateway.mcp.tool_list_budget import MAX_TOOL_LIST_BYTES
 from gateway.proxy.requests import ToolCallSeen
+from gateway.upstreams.fingerprints import ToolWatch
 
 # error_message is a reason to read, not a copy of the reply.
 MAX_ERROR_CHARS: Final = 1000
@@ -372,3 +375,40 @@ class ReplyReader:
         self.blind = True
         self._body = None
         self._sse = None
+
+
+class ListTap(ReplyReader):
+    """A `tools/list` reply nothing is cut from, read as it is relayed: a copy is kept (up to
+    the tool list bound) and handed to the watch for its fingerprints (tool integrity) once
+    the reply has ended and reached the caller. It finds no calls: the request held none."""
+
+    __slots__ = ("_copy", "_done", "_watch")
+
+    def __init__(
+        self,
+        watch: ToolWatch,
+        server_id: uuid.UUID,
+        workspace_id: uuid.UUID,
+        event_stream: bool,
+        ids: list[Any],
+        sent: bytes,
+    ) -> None:
+        super().__init__([], event_stream=False)
+        self._watch = watch
+        self._copy: bytearray | None = bytearray()
+        # What the watch needs besides the body, for ToolWatch.relayed.
+        self._done = (server_id, workspace_id, event_stream, ids, sent)
+
+    def feed(self, chunk: bytes) -> bool:
+        if self._copy is not None:
+            self._copy += chunk
+            if len(self._copy) > MAX_TOOL_LIST_BYTES:
+                self._copy = None  # over the bound any list is refused at: not fingerprinted
+        return False
+
+    def finish(self) -> bool:
+        if self._copy is not None:
+            server_id, workspace_id, event_stream, ids, sent = self._done
+            self._watch.relayed(server_id, workspace_id, bytes(self._copy), event_stream, ids, sent)
+            self._copy = None
+        return False
