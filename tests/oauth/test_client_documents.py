@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 import pytest
-import trustme
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -31,6 +29,7 @@ from tests.helpers.oauth import (
     OAuthHttp,
     mcp_url,
 )
+from tests.helpers.tls import TestCA
 
 
 @dataclass
@@ -93,16 +92,13 @@ async def world(
     settings: Settings,
     aiohttp_client: Callable[..., Awaitable[TestClient[web.Request, web.Application]]],
 ) -> AsyncIterator[GatewayFactory]:
-    ca = trustme.CA()
-    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1", "localhost").configure_cert(server_context)
-    trusting = ssl.create_default_context()
-    ca.configure_trust(trusting)
+    ca = TestCA()
+    trusting = ca.client_context()
     documents = DocumentServer()
     doc_app = web.Application()
     doc_app.router.add_get("/{name}", documents.handle)
     doc_server = TestServer(doc_app)
-    await doc_server.start_server(ssl=server_context)
+    await doc_server.start_server(ssl=ca.server_context())
     documents.base = str(doc_server.make_url("")).rstrip("/")
     checkers: list[ContractChecker] = []
 
