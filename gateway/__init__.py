@@ -12,7 +12,8 @@ Three ways in, one aiohttp application (app.create_app builds it, in dependency 
   the same access rules.
 
 Beside them, background loops (background/) probe upstreams, evaluate alerts, send their
-notifications and apply retention, in the same event loop.
+notifications, apply retention and write when keys and OAuth grants were last used, in the
+same event loop.
 
 The packages (each opens with its job):
 
@@ -34,7 +35,8 @@ The packages (each opens with its job):
     oauth/       OAuth 2.1 for MCP clients: the authorization server (server: authlib's
                  components behind aiohttp; clients, registered or by metadata document;
                  consent, the authorize page; endpoints: register, token, revoke) and the
-                 protected resources, every MCP URL (resources)
+                 protected resources, every MCP URL, and the grants behind their tokens
+                 (resources)
     api/         /api/v1: routing, models, one module per resource, the OpenAPI document,
                  and discovery (the OAuth metadata documents MCP clients look for)
     dashboard/   the pages, their templates and static files, the template filters, and
