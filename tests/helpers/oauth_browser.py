@@ -110,10 +110,14 @@ class Consent:
             await playwright_api.expect(button).to_be_visible()
             self.pages.append(await page.locator("body").inner_text())
             if self.photograph:
-                await page.screenshot(path=ARTIFACTS / f"{self.photograph}.png", full_page=True)
-                # A long client id or MCP URL must wrap inside the card, not run past its edge.
-                for outside in await page.evaluate(_OUTSIDE_THE_CARD):
-                    self.problems.append(f"past the card's edge: {outside}")
+                # At a desktop's width and a phone's, a long client id or MCP URL must wrap
+                # inside the card, not run past its edge.
+                for width, suffix in ((1280, ""), (390, "-phone")):
+                    await page.set_viewport_size({"width": width, "height": 900})
+                    path = ARTIFACTS / f"{self.photograph}{suffix}.png"
+                    await page.screenshot(path=path, full_page=True)
+                    for outside in await page.evaluate(_OUTSIDE_THE_CARD):
+                        self.problems.append(f"past the card's edge at {width} px: {outside}")
             redirect_uri = self.redirect.redirect_uri
             async with page.expect_navigation(url=lambda url: url.startswith(redirect_uri)):
                 await button.click()
