@@ -131,14 +131,16 @@ _OUTSIDE = """(width) => {
 
 
 async def fits_a_phone(visitor: Visitor, name: str, width: int) -> None:
-    """Photographed at the visitor's width; at 390 px nothing of the page's main part is cut
-    off, and the page does not scroll sideways."""
+    """Photographed at the visitor's width and at 390 px, where nothing of the page's main
+    part is cut off, and the page does not scroll sideways."""
     page = visitor.page
     device = next(d for d, w in WIDTHS.items() if w == width)
     await page.screenshot(path=ARTIFACTS / f"{name}-{device}.png", full_page=True)
     phone = WIDTHS["phone"]
     await page.set_viewport_size({"width": phone, "height": 900})
     try:
+        if device != "phone":
+            await page.screenshot(path=ARTIFACTS / f"{name}-phone.png", full_page=True)
         outside = await page.evaluate(_OUTSIDE, phone)
         assert outside == [], (name, outside)
         overflow = await page.evaluate("document.documentElement.scrollWidth - innerWidth")
