@@ -41,6 +41,12 @@ FIELDS: Final = ("name", "title", "description", "inputSchema", "outputSchema", 
 MAX_PENDING: Final = 32
 # And the copies of relayed replies they hold, together (a reply is up to 8 MiB).
 MAX_PENDING_BYTES: Final = 16 * MiB
+# A definition stored (for the history and its diffs) is at most this long; a longer one is
+# stored as a note of its size. Its fingerprint still covers all of it, so its changes are
+# still seen and pinning still holds: only the copy kept is cut. PostgreSQL parses a stored
+# definition as jsonb, and a hostile one of megabytes of `{}`s costs it a CPU-second, which
+# the gateway's own process then waits for (a tenant must not slow the others that way).
+MAX_STORED_DEFINITION_BYTES: Final = 64 * 1024
 # An SSE event ends at a blank line (any of the three line ends; CR LF is one, not two).
 _LINE_END = rb"(?:\r\n|\r(?!\n)|\n)"
 _EVENT_END = re.compile(_LINE_END + _LINE_END)
@@ -71,6 +77,14 @@ def definitions(tools: Iterable[Any]) -> dict[str, bytes]:
         if isinstance(name, str) and name not in found:
             found[name] = canonical(definition(tool))
     return dict(sorted(found.items()))
+
+
+def _stored(name: str, raw: bytes) -> bytes:
+    """The copy of a definition the history keeps (see MAX_STORED_DEFINITION_BYTES)."""
+    if len(raw) <= MAX_STORED_DEFINITION_BYTES:
+        return raw
+    note = f"definition of {len(raw)} bytes, over the {MAX_STORED_DEFINITION_BYTES} kept"
+    return orjson.dumps({"name": name, "omitted": note})
 
 
 def list_digest(defined: Mapping[str, bytes]) -> str:
@@ -157,7 +171,8 @@ class ToolWatch:
         if await server_tools_db.current_digest(self._pool, server_id) == digest:
             return 0
         fingerprints = {name: hashlib.sha256(raw).hexdigest() for name, raw in defined.items()}
-        return await server_tools_db.record(self._pool, server_id, defined, fingerprints, digest)
+        stored = {name: _stored(name, raw) for name, raw in defined.items()}
+        return await server_tools_db.record(self._pool, server_id, stored, fingerprints, digest)
 
     def seen_later(self, server_id: uuid.UUID, defined: Mapping[str, bytes]) -> None:
         """seen(), in the background."""

@@ -11,7 +11,7 @@ import asyncpg
 import orjson
 
 from gateway.db import server_tools as server_tools_db
-from gateway.upstreams.fingerprints import definition, fingerprint
+from gateway.upstreams.fingerprints import MAX_STORED_DEFINITION_BYTES, definition, fingerprint
 from tests.helpers.api import Api
 from tests.helpers.integrity import changes, edited, probe, recorded, register
 from tests.helpers.proxying import ACCEPT, rpc
@@ -249,3 +249,21 @@ async def test_a_proxied_json_reply_is_fingerprinted_too(api: Api) -> None:
     assert orjson.loads(body)["result"]["tools"] == fake.tools  # relayed unchanged
     [item] = (await changes(api, admin, server_id))["items"]
     assert (item["tool_name"], item["change"]) == ("echo", "removed")
+
+
+async def test_a_huge_definition_is_kept_as_a_note_of_its_size_and_its_changes_still_count(
+    api: Api,
+) -> None:
+    admin = await api.signup()
+    huge = "x" * (MAX_STORED_DEFINITION_BYTES + 1)
+    async with fake_upstream() as fake:
+        server_id = await register(api, admin, fake.url)
+        await probe(api, admin, server_id)
+        fake.tools = edited(fake.tools, "bravo", description=huge)
+        await probe(api, admin, server_id)
+        fake.tools = edited(fake.tools, "bravo", description=huge + "y")
+        await probe(api, admin, server_id)
+    items = (await changes(api, admin, server_id))["items"]
+    assert [(i["tool_name"], i["change"]) for i in items] == [("bravo", "changed")] * 2
+    assert items[0]["after"]["name"] == "bravo"
+    assert "over the 65536 kept" in items[0]["after"]["omitted"]
