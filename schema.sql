@@ -347,6 +347,9 @@ CREATE TABLE tool_calls (
     -- The toolset the call came through (gateway/toolsets); null for the per-server proxy and
     -- ingested calls. No foreign key: a deleted toolset's calls keep saying where they came from.
     toolset_id         uuid,
+    -- The call's OpenTelemetry trace (32 hex digits): the gateway's span when tracing is on
+    -- (gateway/ops/tracing), or what an ingesting client sent; null otherwise.
+    trace_id           text CHECK (trace_id ~ '^[0-9a-f]{32}$'),
     -- A partitioned table's unique keys must hold its partition key. The ids are unique by
     -- themselves (UUIDv7 made by the gateway, never by a client); a retried batch's rows come
     -- again with the same created_at, so this still refuses them twice.
@@ -717,4 +720,4 @@ CREATE TABLE oauth_refresh_tokens (
 CREATE INDEX oauth_refresh_tokens_grant_idx ON oauth_refresh_tokens (grant_id);
 CREATE INDEX oauth_refresh_tokens_expiry_idx ON oauth_refresh_tokens (expires_at);
 
-INSERT INTO schema_version (version) VALUES (14);
+INSERT INTO schema_version (version) VALUES (15);

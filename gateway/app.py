@@ -31,7 +31,7 @@ from gateway.api import toolsets as toolsets_api
 from gateway.api import workspaces as workspaces_api
 from gateway.api.discovery import setup_discovery
 from gateway.api.openapi import OPENAPI_DOCUMENT
-from gateway.api.routing import ENDPOINTS, mount
+from gateway.api.routing import API_PREFIX, ENDPOINTS, mount
 from gateway.background import (
     alert_evaluator,
     last_used,
@@ -54,7 +54,7 @@ from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.mcp.tool_list_budget import ToolListMemory
 from gateway.oauth import oauth_enabled
 from gateway.oauth.endpoints import oauth_context, setup_oauth
-from gateway.ops import snapshots
+from gateway.ops import snapshots, tracing
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.readiness import setup_readiness
 from gateway.policy.budgets import BUDGETS, budgets_for
@@ -212,14 +212,32 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     await app[MAILER].close()
 
 
+# The routes whose requests are traced as SERVER spans (gateway.ops.tracing), when it is on.
+_TRACED_ROUTES = {
+    API_PREFIX + proxy.PROXY_PATH: tracing.MCP_ENDPOINT,
+    API_PREFIX + toolset_endpoint.TOOLSET_PATH: tracing.MCP_ENDPOINT,
+    API_PREFIX + tools_api.INVOKE_PATH: tracing.PLAYGROUND,
+}
+
+
 def create_app(settings: Settings) -> web.Application:
+    traces = tracing.Tracing(service_version()) if settings.tracing else None
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        # Authentication happens per route (gateway.api.routing), inside this middleware.
-        middlewares=[error_middleware],
+        # Authentication happens per route (gateway.api.routing), inside these middlewares.
+        # Tracing is outermost, to see the answers the error middleware makes; off, it is not
+        # there at all.
+        middlewares=[
+            *([tracing.middleware(traces, _TRACED_ROUTES)] if traces is not None else []),
+            error_middleware,
+        ],
     )
     app[SETTINGS] = settings
     app[METRICS] = Metrics(per_server=settings.metrics_per_server)
+    app[tracing.TRACING] = traces
+    if traces is not None:
+        app[METRICS].readings.extend(traces.readings())
+        app.on_cleanup.append(lambda app: traces.close())
     app[CACHES] = Caches()
     app[ALERTS_QUEUED] = asyncio.Event()
     app[TOOL_LIST_MEMORY] = ToolListMemory()

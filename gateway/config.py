@@ -114,6 +114,10 @@ class Settings:
     # OAuth for MCP clients (gateway/oauth): on unless GATEWAY_OAUTH=off, and then only with an
     # https (or loopback) PUBLIC_URL.
     oauth: bool = True
+    # OpenTelemetry traces (gateway/ops/tracing): on when an OTLP endpoint is set (the SDK reads
+    # the other OTEL_* variables itself), and a link from each logged call to its trace.
+    tracing: bool = False
+    trace_url: str | None = None
 
     @property
     def outbound(self) -> OutboundPolicy:
@@ -136,6 +140,7 @@ class Settings:
                 values[attr] = parse(raw.strip())
             except ValueError as exc:
                 raise ConfigError(f"{name}: {exc}") from None
+        values["tracing"] = _tracing(env)
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -238,6 +243,27 @@ def _flag(raw: str) -> bool:
     raise ValueError(f"expected true or false, got {raw!r}")
 
 
+def _tracing(env: Mapping[str, str]) -> bool:
+    """OpenTelemetry's own switches: an OTLP endpoint turns traces on, OTEL_SDK_DISABLED off."""
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    return bool(endpoint and endpoint.strip()) and not disabled
+
+
+def _trace_url(raw: str) -> str:
+    """A link template for a call's trace: an http(s) URL with {trace_id} where the id goes."""
+    _url("http", "https")(raw)
+    if "{trace_id}" not in raw:
+        raise ValueError("expected a URL with {trace_id} where the trace id goes")
+    try:
+        raw.format(trace_id="0" * 32)
+    except (KeyError, IndexError, ValueError):
+        raise ValueError("expected no other {...} than {trace_id}") from None
+    return raw
+
+
 def parse_workers(raw: str) -> int:
     if raw.strip() == "auto":
         return os.cpu_count() or 1
@@ -292,6 +318,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "GATEWAY_METRICS_PER_SERVER": ("metrics_per_server", _flag),
     "GATEWAY_ACCESS_LOG": ("access_log", _flag),
     "GATEWAY_OAUTH": ("oauth", _flag),
+    "GATEWAY_TRACE_URL": ("trace_url", _trace_url),
     "GATEWAY_MAX_SERVERS_PER_WORKSPACE": ("max_servers_per_workspace", _positive_int),
     "GATEWAY_MAX_ALERT_RULES_PER_WORKSPACE": ("max_alert_rules_per_workspace", _positive_int),
     "GATEWAY_MAX_TOOLSETS_PER_WORKSPACE": ("max_toolsets_per_workspace", _positive_int),

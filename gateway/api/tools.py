@@ -155,8 +155,11 @@ async def drop_tools_cache(request: web.Request, server_id: uuid.UUID) -> None:
     await request.app[TOOL_LISTS].drop(upstream.id)
 
 
+INVOKE_PATH = "/servers/{server_id}/tools/invoke"
+
+
 @routes.post(
-    "/servers/{server_id}/tools/invoke",
+    INVOKE_PATH,
     summary="Call one of the server's tools",
     access=ADMIN,
     response=InvokeOut,

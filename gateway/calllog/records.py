@@ -14,7 +14,7 @@ from asyncpg.pgproto import pgproto
 
 class ToolCall(NamedTuple):
     """One row of tool_calls in the order of gateway.db.tool_calls.COLUMNS (COPY takes it).
-    Built with keywords: thirteen positional values would read as a list of guesses."""
+    Built with keywords: fourteen positional values would read as a list of guesses."""
 
     id: uuid.UUID
     workspace_id: uuid.UUID
@@ -31,6 +31,8 @@ class ToolCall(NamedTuple):
     # The toolset the call came through (gateway/toolsets); None for the per-server proxy, the
     # playground and ingestion. Last and defaulted, so a producer without toolsets omits it.
     toolset_id: uuid.UUID | None = None
+    # Its OpenTelemetry trace, 32 hex digits (gateway/ops/tracing); None when not traced.
+    trace_id: str | None = None
 
 
 # A ToolCall's workspace_id, at C speed (an itemgetter; the field's attribute is slower).

@@ -30,6 +30,7 @@ COLUMNS = (
     "error_message",
     "created_at",
     "toolset_id",
+    "trace_id",
 )
 # Where a record holds the fields the batch write reads (records are plain tuples here).
 _ID_INDEX = COLUMNS.index("id")
@@ -137,7 +138,8 @@ _NOT_REFUSED = f"NOT coalesce({REFUSED}, false)"
 
 _ITEM_COLUMNS = """
 c.id, c.server_id, s.name AS server_name, c.tool_name, c.caller_agent, c.status, c.duration_ms,
-c.input_tokens, c.output_tokens, c.output_size_bytes, c.error_message, c.created_at, c.toolset_id
+c.input_tokens, c.output_tokens, c.output_size_bytes, c.error_message, c.created_at, c.toolset_id,
+c.trace_id
 """
 
 _NEWEST_FIRST = "ORDER BY created_at DESC, id DESC"

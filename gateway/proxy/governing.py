@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.calllog.writer import CallLog
 from gateway.errors import Forbidden, JsonRpcRefusal
 from gateway.mcp.headers import header_text
+from gateway.ops.tracing import TRACE
 from gateway.policy import decisions
 from gateway.policy.budgets import Budgets
 from gateway.policy.rules import KeyRules
@@ -112,6 +113,7 @@ def _log_refusal(
     outcome = Outcome(calls)
     outcome.status = refused.status
     outcome.error = f"refused: {refused.reason}"
+    outcome.trace = request.get(TRACE)  # (while tracing is on)
     record_calls(request, call_log, reservation, upstream, outcome, started, toolset_id=toolset_id)
 
 

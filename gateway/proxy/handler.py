@@ -23,7 +23,9 @@ from typing import Annotated, Any, Literal
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from opentelemetry.trace import Span, StatusCode
 from pydantic import Field
+from yarl import URL
 
 from gateway.accounts.access import MCP, PRINCIPAL, Access
 from gateway.api.models import Out
@@ -41,6 +43,20 @@ from gateway.errors import (
 from gateway.keys import HTTP, SETTINGS
 from gateway.mcp.tool_list_budget import MAX_TOOL_LIST_BYTES, MiB
 from gateway.ops.metrics import METRICS, Metrics
+from gateway.ops.tracing import (
+    ERROR_TYPE,
+    HTTP_METHOD,
+    SERVER,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+    STATUS_CODE,
+    TRACE,
+    TRACING,
+    Trace,
+    Tracing,
+    describe,
+    span_name,
+)
 from gateway.policy.budgets import BUDGETS, Budgets
 from gateway.policy.tool_lists import filter_reply, tools_list_ids
 from gateway.proxy import cors
@@ -139,6 +155,8 @@ class Proxying:
     tasks: TaskFollower
     # Where relayed tool lists are fingerprinted (tool integrity), after the reply.
     watch: ToolWatch
+    # OpenTelemetry (None: off, and the exchange pays one test for it).
+    tracing: Tracing | None
 
     @classmethod
     async def setup(cls, app: web.Application) -> None:
@@ -156,6 +174,7 @@ class Proxying:
             app[BUDGETS],
             app[TASK_FOLLOWER],
             app[TOOL_WATCH],
+            app[TRACING],
         )
 
 
@@ -316,6 +335,13 @@ async def forward(
         if reservation is None:
             raise no_room()
     outcome = Outcome(calls, started, reservation, toolset_id)
+    exchange = None
+    if proxying.tracing is not None:
+        outcome.trace = request.get(TRACE)
+        if outcome.trace is not None:
+            exchange, body = _traced_exchange(
+                proxying.tracing, outcome.trace, request, upstream, headers, body
+            )
     try:
         return await _exchange(
             request, proxying, upstream, headers, body, outcome, filtering, pass_back
@@ -342,6 +368,41 @@ async def forward(
                 toolset_id,
             )
         count_exchange(proxying.metrics, request.method, upstream.id, outcome, started)
+        if exchange is not None:
+            _exchanged(exchange, outcome)
+
+
+def _traced_exchange(
+    tracing: Tracing,
+    trace: Trace,
+    request: web.Request,
+    upstream: Upstream,
+    headers: CIMultiDict[str],
+    body: bytes,
+) -> tuple[Span, bytes]:
+    """The exchange's CLIENT span, its context set in the headers (and the body's `_meta`)."""
+    method, attributes = describe(body)
+    url = URL(upstream.url)
+    attributes[SERVER_ADDRESS] = url.host or ""
+    if url.port is not None:
+        attributes[SERVER_PORT] = url.port
+    attributes[HTTP_METHOD] = request.method
+    attributes[SERVER] = str(upstream.id)
+    name = span_name(method, attributes, request.method)
+    return tracing.exchange(trace, name, attributes, headers, body)
+
+
+def _exchanged(span: Span, outcome: Outcome) -> None:
+    """The exchange's span ends: ERROR when it failed, or the upstream answered a 5xx."""
+    if outcome.status:
+        span.set_attribute(STATUS_CODE, outcome.status)
+    if outcome.kind:
+        span.set_attribute(ERROR_TYPE, outcome.kind)
+        span.set_status(StatusCode.ERROR, outcome.error)
+    elif outcome.status >= 500:
+        span.set_attribute(ERROR_TYPE, str(outcome.status))
+        span.set_status(StatusCode.ERROR)
+    span.end()
 
 
 @functools.cache

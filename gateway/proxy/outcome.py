@@ -14,6 +14,7 @@ from gateway.accounts.access import PRINCIPAL
 from gateway.calllog.records import ToolCall, clean_text, new_call_id
 from gateway.calllog.writer import CallLog, Reservation
 from gateway.ops.metrics import Metrics, observe
+from gateway.ops.tracing import Trace
 from gateway.proxy.replies import CALLER_CANCELLED, ReplyReader
 from gateway.proxy.requests import ToolCallSeen
 from gateway.proxy.tasks import TaskFollower
@@ -44,6 +45,7 @@ class Outcome:
         "started",
         "status",
         "toolset_id",
+        "trace",
     )
 
     def __init__(
@@ -75,6 +77,8 @@ class Outcome:
         self.cancelled = False
         # Reads the reply for the calls' responses (None: no tools/call, or no reply yet).
         self.reader: ReplyReader | None = None
+        # The request's trace, while tracing is on (gateway/ops/tracing).
+        self.trace: Trace | None = None
 
 
 _METHOD_CLASSES = {"GET": "stream", "DELETE": "session_end"}
@@ -176,6 +180,8 @@ def record_calls(
     duration_ms = round(((answered_at or time.perf_counter()) - started) * 1000)
     caller = caller_agent(request)
     created_at = datetime.now(UTC)
+    trace = outcome.trace
+    trace_id = None if trace is None else trace.trace_id
     relayed_ok = 200 <= outcome.status < 300
     ended: list[ToolCallSeen] = []
     for call in outcome.calls:
@@ -212,9 +218,12 @@ def record_calls(
                 error_message=error,
                 created_at=created_at,
                 toolset_id=toolset_id,
+                trace_id=trace_id,
             ),
             reservation,
         )
+        if trace is not None:
+            trace.log(error, outcome.kind)
     if ended:
         if tasks is None:
             call_log.release(reservation, len(ended))
