@@ -254,8 +254,8 @@ def own_postgres(tmp_path: Path) -> Iterator[Any]:
     server.cleanup()
 
 
-# Fixtures of tests/helpers used across the suite (the SMTP inbox).
-pytest_plugins = ["tests.helpers.mail"]
+# Fixtures of tests/helpers used across the suite (the SMTP inbox, the OTLP collector).
+pytest_plugins = ["tests.helpers.mail", "tests.helpers.otlp"]
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import logging
+import signal
+import sys
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -27,6 +30,11 @@ from mcp_types import (
     RequestParams,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from pydantic import BaseModel, Field
 
 
@@ -185,6 +193,30 @@ def add_interactive_tools(server: MCPServer) -> None:
         return f"done after {seconds} s"
 
 
+def add_tracing(server: MCPServer, endpoint: str) -> TracerProvider:
+    """Export this process's spans to the OTLP/HTTP collector at `endpoint`, and add the
+    `trace_headers` tool.
+
+    The SDK's OpenTelemetryMiddleware (on by default in every MCPServer) makes a SERVER span
+    per inbound message, parented by `params._meta.traceparent` (never the HTTP header), on
+    the global tracer provider: setting that provider is all it takes.
+    """
+    provider = TracerProvider(resource=Resource.create({"service.name": "sdk-test-upstream"}))
+    # A 2 s export timeout: a collector already stopped cannot hold this process's exit.
+    exporter = OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces", timeout=2)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=50))
+    trace.set_tracer_provider(provider)
+
+    @server.tool()
+    def trace_headers(ctx: Context) -> str:
+        """The traceparent and tracestate HTTP headers of the request carrying this call."""
+        headers = ctx.headers or {}
+        found = {name: headers.get(name) for name in ("traceparent", "tracestate")}
+        return json.dumps(found)
+
+    return provider
+
+
 def build_server(page_size: int | None, interactive: bool = False) -> PagedServer:
     extensions = [Tasks()] if interactive else None
     server = PagedServer("sdk-test-upstream", log_level="WARNING", extensions=extensions)
@@ -255,12 +287,31 @@ def main() -> None:
     parser.add_argument(
         "--interactive", action="store_true", help="add the greet and job tools, and tasks"
     )
+    parser.add_argument(
+        "--otlp-endpoint",
+        help="export spans to this OTLP/HTTP collector, and add the trace_headers tool",
+    )
     args = parser.parse_args()
 
     # Plain logging, set before the SDK's: its Rich handler renders the traceback of every
     # failing tool (the `fail` tool) for over half a second of CPU, seconds under load.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     server = build_server(args.page_size, args.interactive)
+    if args.otlp_endpoint:
+        provider = add_tracing(server, args.otlp_endpoint)
+        # Tests stop this process with SIGTERM. Uvicorn catches it, shuts down, then raises
+        # it again under the handler it found: this one, so the batch still buffered is
+        # exported (the `finally` below) rather than lost.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+        try:
+            serve(server, args)
+        finally:
+            provider.shutdown()
+    else:
+        serve(server, args)
+
+
+def serve(server: MCPServer, args: argparse.Namespace) -> None:
     if args.transport == "sse":
         server.run("sse", host="127.0.0.1", port=args.port)
         return

@@ -46,13 +46,16 @@ def sdk_server(
     page_size: int | None = None,
     transport: str = "streamable-http",
     interactive: bool = False,
+    otlp_endpoint: str | None = None,
 ) -> Iterator[str]:
     """Run tests/sdk_server.py (official `mcp` SDK) on a free port; yield its MCP URL.
 
     Synchronous on purpose, so session-scoped fixtures in any test package can share one
     process. `priming` adds an event store (priming events, `retry:` lines, resumable
     streams); `transport="sse"` runs the legacy HTTP+SSE transport and yields its /sse URL;
-    `interactive` adds a tool that elicits and one that becomes a task (the tasks extension).
+    `interactive` adds a tool that elicits and one that becomes a task (the tasks extension);
+    `otlp_endpoint` (a tests.helpers.otlp Collector's) has the server export its spans there
+    and adds the `trace_headers` tool, which answers with the trace headers it received.
     """
     port = free_port()
     args = [sys.executable, str(SDK_SERVER_SCRIPT), str(port), "--transport", transport]
@@ -61,6 +64,7 @@ def sdk_server(
     args += ["--priming"] if priming else []
     args += ["--page-size", str(page_size)] if page_size else []
     args += ["--interactive"] if interactive else []
+    args += ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else []
     with running(args, lambda proc, log: _wait_for_port(proc, port, log)):
         path = "/sse" if transport == "sse" else "/mcp"
         yield f"http://127.0.0.1:{port}{path}"
