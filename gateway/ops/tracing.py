@@ -89,7 +89,10 @@ class Trace:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.trace_id = format(span.get_span_context().trace_id, "032x")
+        # Kept on the calls' rows only when the span is recorded (sampled): a link to a trace
+        # the collector never got would lead nowhere.
+        recorded = span.is_recording()
+        self.trace_id = format(span.get_span_context().trace_id, "032x") if recorded else None
         self.logged = 0
         # The error.type of the first call logged `error` (None: none was).
         self.failed: str | None = None
