@@ -29,7 +29,19 @@ from gateway.errors import (
     ValidationFailed,
 )
 from gateway.keys import HTTP, SETTINGS
-from gateway.mcp.errors import McpError
+from gateway.mcp.errors import McpError, error_kind
+from gateway.ops.tracing import (
+    METHOD,
+    OPERATION,
+    SERVER,
+    TOOL,
+    TRACE,
+    TRACING,
+    Trace,
+    error_type,
+    peer,
+    set_failed,
+)
 from gateway.policy import decisions
 from gateway.policy.budgets import BUDGETS
 from gateway.proxy.handler import PROXYING
@@ -102,6 +114,9 @@ class _Outcome:
     result: dict[str, Any] | None
     error: str | None
     duration_ms: int
+    # What kind of failure the exchange was (a span's error.type); "" when the error, if
+    # any, says it.
+    kind: str = ""
 
 
 async def _upstream(request: web.Request, server_id: uuid.UUID) -> Upstream:
@@ -182,15 +197,17 @@ async def invoke_tool(request: web.Request, server_id: uuid.UUID, body: InvokeIn
     app = request.app
     upstream = await _upstream(request, server_id)
     if upstream.rules is not None:
-        await _govern(app, upstream, body.tool_name)
+        await _govern(app, upstream, body.tool_name, request.get(TRACE))
     # It holds an upstream connection as a proxied request does: counted with them.
     with app[PROXYING].in_flight.holding(upstream.workspace_id):
         return await _invoke(app, request, upstream, body)
 
 
-async def _govern(app: web.Application, upstream: Upstream, tool_name: str) -> None:
+async def _govern(
+    app: web.Application, upstream: Upstream, tool_name: str, trace: Trace | None
+) -> None:
     """The server's rules, as the proxy applies them (a member has no key rules): a refusal
-    is logged as a refused tool call, then answered."""
+    is logged as a refused tool call (in the request's trace, if it has one), then answered."""
     try:
         decisions.check_tools(None, upstream.rules, [tool_name])
         await decisions.take_calls(app[BUDGETS], None, upstream.rules, 1)
@@ -198,7 +215,9 @@ async def _govern(app: web.Application, upstream: Upstream, tool_name: str) -> N
         reservation = app[CALL_LOG].reserve(upstream.workspace_id, 1)
         if reservation is not None:
             outcome = _Outcome(None, f"refused: {refused.reason}", 0)
-            await app[CALL_LOG].write([_log_row(upstream, tool_name, outcome)], reservation)
+            await app[CALL_LOG].write([_log_row(upstream, tool_name, outcome, trace)], reservation)
+            if trace is not None:
+                trace.log(outcome.error)
         if refused.status == 429:
             raise TooManyRequests(refused.reason, math.ceil(refused.retry_after)) from None
         raise Forbidden(refused.reason) from None
@@ -212,7 +231,8 @@ async def _invoke(
     try:
         listing = await app[TOOL_LISTS].get(upstream)
     except (BadGateway, GatewayTimeout) as exc:
-        failed = _Outcome(None, exc.detail, _ms_since(started))
+        kind = "timeout" if isinstance(exc, GatewayTimeout) else "tool_list"
+        failed = _Outcome(None, exc.detail, _ms_since(started), kind)
         verdict = Verdict.unchecked("the server's tool list could not be read")
     else:
         tool = listing.find(body.tool_name)
@@ -232,7 +252,9 @@ async def _invoke(
         raise no_room()
     # Shielded: a caller hanging up (which cancels this handler) must not leave a call made
     # and not logged.
-    call, outcome = await asyncio.shield(_call_and_log(app, upstream, body, failed, reservation))
+    call, outcome = await asyncio.shield(
+        _call_and_log(app, upstream, body, failed, reservation, request.get(TRACE))
+    )
     return {
         "tool_call_id": call.id,
         "result": outcome.result,
@@ -271,32 +293,70 @@ async def _call_and_log(
     body: InvokeIn,
     failed: _Outcome | None,
     reservation: Reservation,
+    trace: Trace | None,
 ) -> tuple[ToolCall, _Outcome]:
-    outcome = failed or await _call(app, upstream, body.tool_name, body.arguments)
-    call = _log_row(upstream, body.tool_name, outcome)
+    if failed is not None:
+        outcome = failed
+    elif trace is None:
+        outcome = await _call(app, upstream, body.tool_name, body.arguments)
+    else:
+        outcome = await _traced_call(app, upstream, body.tool_name, body.arguments)
+    call = _log_row(upstream, body.tool_name, outcome, trace)
     # Awaited: the returned tool_call_id is in GET /tool-calls as soon as the handler answers.
     await app[CALL_LOG].write([call], reservation)
+    if trace is not None:
+        trace.log(outcome.error, outcome.kind)
     return call, outcome
 
 
-async def _call(
+async def _traced_call(
     app: web.Application, upstream: Upstream, name: str, arguments: dict[str, Any]
+) -> _Outcome:
+    """The call as a CLIENT span under the request's, its context sent upstream in the
+    `traceparent` header of each of the call's requests (connecting included), and in the
+    `tools/call`'s `_meta` (where the official SDK's servers look for it)."""
+    tracing = app[TRACING]
+    assert tracing is not None  # (a request has a trace only while tracing is on)
+    attributes = {
+        METHOD: "tools/call",
+        TOOL: name,
+        OPERATION: "execute_tool",
+        SERVER: str(upstream.id),
+        **peer(upstream.url),
+    }
+    headers: dict[str, str] = {}
+    with tracing.span(f"tools/call {name}", attributes, headers=headers) as span:
+        outcome = await _call(app, upstream, name, arguments, headers)
+        if outcome.error is not None:
+            set_failed(span, error_type(outcome.error, outcome.kind), outcome.error)
+    return outcome
+
+
+async def _call(
+    app: web.Application,
+    upstream: Upstream,
+    name: str,
+    arguments: dict[str, Any],
+    headers: dict[str, str] | None = None,
 ) -> _Outcome:
     started = time.perf_counter()
     timeout = app[SETTINGS].proxy_timeout_seconds
+    memory = app[TOOL_LIST_MEMORY]
     try:
         # A 2026-07-28 server may make the client list its tools first: within the same bounds.
-        async with mcp_session(app[HTTP], upstream, timeout, app[TOOL_LIST_MEMORY]) as client:
-            result = await client.call_tool(name, arguments)
+        async with mcp_session(app[HTTP], upstream, timeout, memory, headers) as client:
+            result = await client.call_tool(name, arguments, headers)
             duration_ms = _ms_since(started)  # ending the session is not part of the call
     except McpError as exc:
-        return _Outcome(None, shorten(str(exc)), _ms_since(started))
+        return _Outcome(None, shorten(str(exc)), _ms_since(started), error_kind(exc))
     if result.get("isError") is True:
         return _Outcome(result, failed_result_text(result), duration_ms)
     return _Outcome(result, None, duration_ms)
 
 
-def _log_row(upstream: Upstream, tool_name: str, outcome: _Outcome) -> ToolCall:
+def _log_row(
+    upstream: Upstream, tool_name: str, outcome: _Outcome, trace: Trace | None
+) -> ToolCall:
     failed = outcome.error is not None
     size = None if outcome.result is None else len(orjson.dumps(outcome.result))
     return ToolCall(
@@ -312,6 +372,7 @@ def _log_row(upstream: Upstream, tool_name: str, outcome: _Outcome) -> ToolCall:
         output_size_bytes=size,
         error_message=clean_text(outcome.error),
         created_at=datetime.now(UTC),
+        trace_id=None if trace is None else trace.trace_id,
     )
 
 

@@ -270,10 +270,17 @@ class McpClient:
         return tools
 
     async def call_tool(
-        self, name: str, arguments: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Call a tool and return the raw JSON-RPC `result` (check its `isError` yourself)."""
+        """Call a tool and return the raw JSON-RPC `result` (check its `isError` yourself);
+        `meta` goes in the request's `_meta` (a trace context, where the SDK's servers read
+        it)."""
         params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        if meta:
+            params["_meta"] = dict(meta)
         try:
             return await self._request("tools/call", params)
         except McpRpcError as exc:

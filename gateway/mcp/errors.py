@@ -63,6 +63,16 @@ class ToolListTooLarge(McpError):
     """The upstream's tool list is over a bound: its bytes, its tools, or its parsed size."""
 
 
+def error_kind(exc: McpError) -> str:
+    """A short, low-cardinality name for a failure (a span's error.type): `timeout`,
+    `unreachable`, the HTTP status, the JSON-RPC error code, or the kind of bad answer."""
+    if isinstance(exc, McpHttpError):
+        return str(exc.status)
+    if isinstance(exc, McpRpcError):
+        return str(exc.code)
+    return _KINDS.get(type(exc), "mcp_error")
+
+
 def reason_phrase(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
@@ -74,3 +84,12 @@ def host_of(url: str) -> str:
     """The host (and port) of an upstream URL, as errors and the log may name it: without user
     info, path or query, any of which may carry a token."""
     return urlsplit(url).netloc.rpartition("@")[2] or "the upstream"
+
+
+_KINDS: dict[type[McpError], str] = {
+    McpConnectionError: "unreachable",
+    McpTimeoutError: "timeout",
+    McpResponseError: "bad_response",
+    UnsupportedTransport: "unsupported_transport",
+    ToolListTooLarge: "tool_list_too_large",
+}

@@ -45,6 +45,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from yarl import URL
 
 from gateway.keys import SETTINGS
 from gateway.ops.metrics import Reading
@@ -79,6 +80,12 @@ WORKSPACE: Final = "mcp_gateway.workspace.id"
 SERVER: Final = "mcp_gateway.server.id"
 TOOLSET: Final = "mcp_gateway.toolset.id"
 BATCH_SIZE: Final = "mcp_gateway.batch.size"
+PROBE_STATUS: Final = "mcp_gateway.probe.status"
+ALERT_CHANNEL: Final = "mcp_gateway.alert.channel"
+ALERT_RULE: Final = "mcp_gateway.alert.rule.id"
+ALERT_DELIVERY: Final = "mcp_gateway.alert.delivery.id"
+ALERT_ATTEMPT: Final = "mcp_gateway.alert.attempt"
+ALERT_RESULT: Final = "mcp_gateway.alert.result"
 
 
 class Trace:
@@ -105,6 +112,21 @@ class Trace:
 
 
 TRACE: Final = "gateway.trace"  # request[TRACE]: the request's Trace, while tracing is on
+
+
+def peer(url: str) -> dict[str, Any]:
+    """server.address and server.port of the URL a CLIENT span's request goes to."""
+    parsed = URL(url)
+    attributes: dict[str, Any] = {SERVER_ADDRESS: parsed.host or ""}
+    if parsed.port is not None:
+        attributes[SERVER_PORT] = parsed.port
+    return attributes
+
+
+def set_failed(span: Span, kind: str, message: str | None = None) -> None:
+    """A span of the gateway's own work failed: ERROR, with its error.type (`kind`)."""
+    span.set_attribute(ERROR_TYPE, kind)
+    span.set_status(StatusCode.ERROR, message)
 
 
 def error_type(error: str, kind: str = "") -> str:

@@ -24,7 +24,7 @@ import hmac
 import logging
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -77,14 +77,16 @@ async def mcp_session(
     upstream: Upstream,
     timeout: float,  # noqa: ASYNC109 -- bounds the whole session, connect included
     memory: ToolListMemory | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[McpClient]:
     """A connected client whose whole use (connect + block) must end within `timeout`;
     the upstream session is ended afterwards, outside that bound. Tool lists it reads are held
-    in `memory` for the server's workspace."""
+    in `memory` for the server's workspace. `headers` go with every request besides the
+    server's credentials (a trace context)."""
     client = McpClient(
         http,
         upstream.url,
-        upstream.auth_headers,
+        upstream.auth_headers if headers is None else {**upstream.auth_headers, **headers},
         timeout,
         memory=memory,
         owner=upstream.workspace_id,
