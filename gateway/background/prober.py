@@ -20,9 +20,10 @@ from gateway.db import health_checks as health_checks_db
 from gateway.db import servers as servers_db
 from gateway.db.unavailable import DATABASE_ERRORS
 from gateway.keys import HTTP, POOL, SETTINGS
-from gateway.mcp.probe import probe
+from gateway.mcp.probe import DOWN, ProbeResult, probe
 from gateway.mcp.tool_list_budget import ToolListMemory
 from gateway.ops.metrics import METRICS, Metrics
+from gateway.ops.tracing import PROBE_STATUS, SERVER, TRACING, WORKSPACE, Tracing, peer, set_failed
 from gateway.security.credentials import upstream_auth_headers
 from gateway.security.secretbox import SECRET_BOX, SecretBox
 from gateway.upstreams.fingerprints import TOOL_WATCH, ToolWatch, definitions
@@ -47,6 +48,8 @@ class Prober:
     memory: ToolListMemory | None = None
     # Where the tool lists probes read are fingerprinted (tool integrity).
     watch: ToolWatch | None = None
+    # Each probe a span, while tracing is on (gateway/ops/tracing).
+    tracing: Tracing | None = None
 
     @classmethod
     def from_app(cls, app: web.Application) -> Prober:
@@ -63,6 +66,7 @@ class Prober:
             metrics=app[METRICS],
             memory=app[TOOL_LIST_MEMORY],
             watch=app[TOOL_WATCH],
+            tracing=app[TRACING],
         )
 
     async def probe_and_record(
@@ -74,15 +78,12 @@ class Prober:
     ) -> dict[str, Any] | None:
         """One probe, stored; the stored check, or None if the server was deleted meanwhile.
         Its tool list counts against the workspace's share of the process's tool list memory."""
-        result = await probe(
-            self.http,
-            url,
-            auth_headers,
-            timeout=self.timeout,
-            degraded_ms=self.degraded_ms,
-            memory=self.memory,
-            owner=workspace_id,
-        )
+        if self.tracing is None:
+            result = await self._probe(workspace_id, url, auth_headers)
+        else:
+            result = await self._traced_probe(
+                self.tracing, server_id, workspace_id, url, auth_headers
+            )
         if self.metrics is not None:
             self.metrics.probes.inc(result.status)
             self.metrics.probe_seconds.observe(result.latency_ms / 1000, result.status)
@@ -93,6 +94,38 @@ class Prober:
         if check is not None and defined is not None and self.watch is not None:
             await self.watch.seen(server_id, defined)
         return check
+
+    async def _probe(
+        self, workspace_id: uuid.UUID, url: str, headers: Mapping[str, str]
+    ) -> ProbeResult:
+        return await probe(
+            self.http,
+            url,
+            headers,
+            timeout=self.timeout,
+            degraded_ms=self.degraded_ms,
+            memory=self.memory,
+            owner=workspace_id,
+        )
+
+    async def _traced_probe(
+        self,
+        tracing: Tracing,
+        server_id: uuid.UUID,
+        workspace_id: uuid.UUID,
+        url: str,
+        auth_headers: Mapping[str, str],
+    ) -> ProbeResult:
+        """The probe as a CLIENT span of its own, its context sent with each of its requests
+        (traceparent): ERROR when the server is down."""
+        attributes = {SERVER: str(server_id), WORKSPACE: str(workspace_id), **peer(url)}
+        headers = dict(auth_headers)
+        with tracing.span("probe", attributes, headers=headers) as span:
+            result = await self._probe(workspace_id, url, headers)
+            span.set_attribute(PROBE_STATUS, result.status)
+            if result.status == DOWN:
+                set_failed(span, result.failure or "down", result.error)
+        return result
 
     async def run_round(self) -> int:
         """Probe every server that is due now (as far as the workspaces' shares allow, which

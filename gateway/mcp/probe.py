@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 
 from gateway.mcp.client import McpClient
-from gateway.mcp.errors import McpError, McpRpcError, ToolListTooLarge, host_of
+from gateway.mcp.errors import McpError, McpRpcError, ToolListTooLarge, error_kind, host_of
 from gateway.mcp.tool_list_budget import ToolListMemory
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ class ProbeResult:
     tools_hash: str | None
     # The tools listed, for their fingerprints (gateway/upstreams/fingerprints).
     tools: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    # What kind of failure made it `down` or `degraded` (error_kind's names, `slow`, `crash`).
+    failure: str | None = field(default=None, compare=False)
 
 
 def tools_hash(tools: Sequence[Mapping[str, Any]]) -> str:
@@ -76,16 +78,18 @@ async def probe(
                 tools = await client.list_tools()
         except (McpRpcError, ToolListTooLarge) as exc:
             # It answered in JSON-RPC, so it is up, but it cannot serve what we asked.
-            result = ProbeResult(DEGRADED, elapsed_ms(), str(exc), None, None)
+            kind = error_kind(exc)
+            result = ProbeResult(DEGRADED, elapsed_ms(), str(exc), None, None, failure=kind)
         except McpError as exc:
-            result = ProbeResult(DOWN, elapsed_ms(), str(exc), None, None)
+            result = ProbeResult(DOWN, elapsed_ms(), str(exc), None, None, failure=error_kind(exc))
         except TimeoutError:
-            result = ProbeResult(DOWN, elapsed_ms(), f"timed out after {timeout:g} s", None, None)
+            slow = f"timed out after {timeout:g} s"
+            result = ProbeResult(DOWN, elapsed_ms(), slow, None, None, failure="timeout")
         except Exception as exc:
             # A bug of ours, not the upstream's; record it rather than lose the check.
             log.exception("probe of %s crashed", host_of(url))
             result = ProbeResult(
-                DOWN, elapsed_ms(), f"probe failed: {type(exc).__name__}", None, None
+                DOWN, elapsed_ms(), f"probe failed: {type(exc).__name__}", None, None, None, "crash"
             )
         else:
             latency = elapsed_ms()
@@ -93,7 +97,9 @@ async def probe(
                 result = ProbeResult(HEALTHY, latency, None, len(tools), tools_hash(tools), tools)
             else:
                 slow = f"answered in {latency:.0f} ms, over the {degraded_ms:g} ms threshold"
-                result = ProbeResult(DEGRADED, latency, slow, len(tools), tools_hash(tools), tools)
+                result = ProbeResult(
+                    DEGRADED, latency, slow, len(tools), tools_hash(tools), tools, "slow"
+                )
     finally:
         # Outside the measured, time-bounded part: ending the session is not part of its health.
         await client.close()
