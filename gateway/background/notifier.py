@@ -38,6 +38,20 @@ from gateway.db.alert_evaluation import DueRule, Notification
 from gateway.db.unavailable import DATABASE_ERRORS
 from gateway.keys import HTTP, POOL, SETTINGS
 from gateway.ops.metrics import METRICS, Metrics
+from gateway.ops.tracing import (
+    ALERT_ATTEMPT,
+    ALERT_CHANNEL,
+    ALERT_DELIVERY,
+    ALERT_RESULT,
+    ALERT_RULE,
+    HTTP_METHOD,
+    STATUS_CODE,
+    TRACING,
+    WORKSPACE,
+    Tracing,
+    peer,
+    set_failed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +99,14 @@ class DeliveryPolicy:
 
     def retry_in(self, attempts_made: int) -> float:
         return min(self.backoff_seconds * 2.0 ** (attempts_made - 1), self.max_backoff_seconds)
+
+    def verdict(self, attempt: Attempt, number: int) -> tuple[str, float]:
+        """The delivery's status after its attempt `number`, and the seconds to its retry."""
+        if attempt.delivered:
+            return "delivered", 0.0
+        if number >= self.max_attempts:
+            return "failed", 0.0
+        return "pending", self.retry_in(number)
 
 
 # -- payloads ----------------------------------------------------------------------------------
@@ -177,8 +199,20 @@ def notifications(rule: DueRule, event: dict[str, Any]) -> list[Notification]:
 # -- sending -----------------------------------------------------------------------------------
 
 
+def _headers(delivery: DueDelivery) -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        # Lets a receiver drop the duplicate of an at-least-once delivery.
+        "X-Alert-Delivery-Id": str(delivery.id),
+    }
+
+
 async def _post(
-    http: aiohttp.ClientSession, delivery: DueDelivery, timeout_seconds: float
+    http: aiohttp.ClientSession,
+    delivery: DueDelivery,
+    timeout_seconds: float,
+    headers: dict[str, str] | None = None,
 ) -> Attempt:
     attempted_at = datetime.now(UTC)
     started = time.perf_counter()
@@ -188,12 +222,7 @@ async def _post(
         async with http.post(
             delivery.url,
             data=orjson.dumps(delivery.payload),
-            headers={
-                "Content-Type": "application/json",
-                "User-Agent": USER_AGENT,
-                # Lets a receiver drop the duplicate of an at-least-once delivery.
-                "X-Alert-Delivery-Id": str(delivery.id),
-            },
+            headers=_headers(delivery) if headers is None else headers,
             timeout=aiohttp.ClientTimeout(total=timeout_seconds),
             # A redirect would turn the POST into a GET elsewhere: report it instead.
             allow_redirects=False,
@@ -217,13 +246,15 @@ async def _deliver(
     policy: DeliveryPolicy,
     delivery: DueDelivery,
     metrics: Metrics | None,
+    tracing: Tracing | None = None,
 ) -> None:
-    attempt = await _post(http, delivery, policy.timeout_seconds)
     number = delivery.attempt_count + 1
-    if attempt.delivered:
-        status, retry_in = "delivered", 0.0
-    elif number >= policy.max_attempts:
-        status, retry_in = "failed", 0.0
+    if tracing is None:
+        attempt = await _post(http, delivery, policy.timeout_seconds)
+    else:
+        attempt = await _traced_post(tracing, http, policy, delivery, number)
+    status, retry_in = policy.verdict(attempt, number)
+    if status == "failed":
         log.warning(
             "giving up on alert notification %s to %s after %d attempts: %s",
             delivery.id,
@@ -232,8 +263,7 @@ async def _deliver(
             attempt.error,
             extra={"delivery_id": str(delivery.id)},
         )
-    else:
-        status, retry_in = "pending", policy.retry_in(number)
+    elif status == "pending":
         log.info(
             "alert notification %s to %s failed (attempt %d), retry in %.3g s: %s",
             delivery.id,
@@ -245,7 +275,49 @@ async def _deliver(
         )
     await deliveries_db.record_attempt(pool, delivery.id, number, attempt, status, retry_in)
     if metrics is not None:
-        metrics.notifications.inc("retry" if status == "pending" else status)
+        metrics.notifications.inc(_RESULTS[status])
+
+
+# An attempt's result, as metrics and spans name it, by the delivery's status after it.
+_RESULTS = {"delivered": "delivered", "pending": "retry", "failed": "failed"}
+
+
+async def _traced_post(
+    tracing: Tracing,
+    http: aiohttp.ClientSession,
+    policy: DeliveryPolicy,
+    delivery: DueDelivery,
+    number: int,
+) -> Attempt:
+    """The attempt as a CLIENT span of its own, its context sent in the POST's traceparent:
+    ERROR when it failed (`result` says whether it will be retried)."""
+    attributes = {
+        ALERT_CHANNEL: delivery.target,
+        WORKSPACE: str(delivery.workspace_id),
+        ALERT_RULE: str(delivery.rule_id),
+        ALERT_DELIVERY: str(delivery.id),
+        ALERT_ATTEMPT: number,
+        HTTP_METHOD: "POST",
+        **peer(delivery.url),
+    }
+    headers = _headers(delivery)
+    with tracing.span("alert notification", attributes, headers=headers) as span:
+        attempt = await _post(http, delivery, policy.timeout_seconds, headers)
+        span.set_attribute(ALERT_RESULT, _RESULTS[policy.verdict(attempt, number)[0]])
+        if attempt.status_code is not None:
+            span.set_attribute(STATUS_CODE, attempt.status_code)
+        if not attempt.delivered:
+            set_failed(span, _error_type(attempt), attempt.error)
+    return attempt
+
+
+def _error_type(attempt: Attempt) -> str:
+    """A failed attempt's error.type: the HTTP status, `timeout`, or the client exception's
+    name (what _post's error begins with)."""
+    if attempt.status_code is not None:
+        return str(attempt.status_code)
+    error = attempt.error or ""
+    return "timeout" if error.startswith("timed out") else error.partition(":")[0]
 
 
 _Key = TypeVar("_Key")
@@ -260,11 +332,13 @@ class _Sends:
         http: aiohttp.ClientSession,
         policy: DeliveryPolicy,
         metrics: Metrics | None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.pool = pool
         self.http = http
         self.policy = policy
         self.metrics = metrics
+        self.tracing = tracing
         self.running: dict[asyncio.Task[None], DueDelivery] = {}
         self.by_workspace: Counter[uuid.UUID] = Counter()
         self.by_host: Counter[tuple[uuid.UUID, str]] = Counter()
@@ -287,7 +361,7 @@ class _Sends:
         )
         for delivery in due:
             task = asyncio.create_task(
-                _deliver(self.pool, self.http, self.policy, delivery, self.metrics)
+                _deliver(self.pool, self.http, self.policy, delivery, self.metrics, self.tracing)
             )
             self.running[task] = delivery
             self.by_workspace[delivery.workspace_id] += 1
@@ -324,10 +398,11 @@ async def deliver_due(
     http: aiohttp.ClientSession,
     policy: DeliveryPolicy,
     metrics: Metrics | None = None,
+    tracing: Tracing | None = None,
 ) -> int:
     """Send every delivery that is due now (a new one claimed whenever a send ends, within the
-    shares); returns how many attempts were made."""
-    sends = _Sends(pool, http, policy, metrics)
+    shares); returns how many attempts were made. With `tracing`, each attempt is a span."""
+    sends = _Sends(pool, http, policy, metrics, tracing)
     attempted = 0
     try:
         while True:
@@ -346,11 +421,12 @@ async def run_notifier(
     policy: DeliveryPolicy,
     wakeup: asyncio.Event,
     metrics: Metrics | None = None,
+    tracing: Tracing | None = None,
 ) -> None:
     """Runs until cancelled: claims what is due into the free slots, then waits until a send
     ends, the evaluator queues something (wakeup), the next retry comes due, or POLL_SECONDS
     pass, whichever is first."""
-    sends = _Sends(pool, http, policy, metrics)
+    sends = _Sends(pool, http, policy, metrics, tracing)
     woken = asyncio.create_task(wakeup.wait())
     try:
         while True:
@@ -387,4 +463,4 @@ ALERTS_QUEUED = web.AppKey("alerts_queued", asyncio.Event)
 async def run(app: web.Application) -> None:
     """The loop as the app starts it."""
     policy = DeliveryPolicy.from_settings(app[SETTINGS])
-    await run_notifier(app[POOL], app[HTTP], policy, app[ALERTS_QUEUED], app[METRICS])
+    await run_notifier(app[POOL], app[HTTP], policy, app[ALERTS_QUEUED], app[METRICS], app[TRACING])

@@ -23,6 +23,8 @@ class DueDelivery:
     payload: dict[str, Any]
     # Attempts made before this one.
     attempt_count: int
+    # The rule whose event it notifies of.
+    rule_id: uuid.UUID
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +120,8 @@ due AS (
 )
 UPDATE alert_deliveries AS d SET next_attempt_at = now() + make_interval(secs => $1)
 FROM due WHERE d.id = due.id
-RETURNING d.id, d.workspace_id, {_HOST} AS host, d.target, d.url, d.payload, d.attempt_count
+RETURNING d.id, d.workspace_id, {_HOST} AS host, d.target, d.url, d.payload, d.attempt_count,
+          d.rule_id
 """
 
 # Rows due now that a claim left are waiting for a share to free up, which the notifier hears
