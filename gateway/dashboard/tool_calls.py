@@ -16,7 +16,7 @@ from gateway.dashboard.sessions import SESSION
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db import toolsets as toolsets_db
 from gateway.errors import NotFound
-from gateway.keys import POOL
+from gateway.keys import POOL, SETTINGS
 
 pages = Pages()
 
@@ -63,6 +63,8 @@ async def tool_call_log(request: web.Request) -> dict[str, Any]:
         "calls": [],
         "page": None,
         "errors": {},
+        # A call's trace links here (GATEWAY_TRACE_URL), or shows its id without one.
+        "trace_url": request.app[SETTINGS].trace_url,
     }
     try:
         query = validated(ToolCallQuery, {**filters, "limit": PAGE_SIZE, "offset": offset})
@@ -89,4 +91,9 @@ async def tool_call(request: web.Request) -> dict[str, Any]:
     if found["toolset_id"] is not None:
         names = dict(await toolsets_db.names(request.app[POOL], workspace_id))
         toolset = names.get(found["toolset_id"], "unknown toolset (deleted)")
-    return {"section": "tool-calls", "call": found, "toolset": toolset}
+    return {
+        "section": "tool-calls",
+        "call": found,
+        "toolset": toolset,
+        "trace_url": request.app[SETTINGS].trace_url,
+    }
