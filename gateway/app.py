@@ -217,6 +217,8 @@ _TRACED_ROUTES = {
     API_PREFIX + proxy.PROXY_PATH: tracing.MCP_ENDPOINT,
     API_PREFIX + toolset_endpoint.TOOLSET_PATH: tracing.MCP_ENDPOINT,
     API_PREFIX + tools_api.INVOKE_PATH: tracing.PLAYGROUND,
+    # The dashboard's playground form posts to the same path without the prefix.
+    tools_api.INVOKE_PATH: tracing.PLAYGROUND,
 }
 
 

@@ -32,6 +32,7 @@ import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
+from urllib.parse import parse_qs
 
 import orjson
 from aiohttp import web
@@ -452,11 +453,17 @@ async def _arrived(request: web.Request) -> bytes | None:
 
 
 def _playground_call(body: bytes | None) -> tuple[str | None, dict[str, Any]]:
-    """A playground invoke is a tools/call of `tool_name`."""
-    try:
-        tool = orjson.loads(body or b"null").get("tool_name")
-    except (orjson.JSONDecodeError, AttributeError):
-        tool = None
+    """A playground invoke is a tools/call of `tool_name` (in the API's JSON body, or the
+    dashboard's form)."""
+    tool: Any = None
+    if body and len(body) <= _DESCRIBED_BYTES:
+        if body.lstrip().startswith(b"{"):
+            try:
+                tool = orjson.loads(body).get("tool_name")
+            except orjson.JSONDecodeError:
+                tool = None
+        else:
+            tool = next(iter(parse_qs(body.decode(errors="replace")).get("tool_name", ())), None)
     if not isinstance(tool, str):
         return None, {}
     return "tools/call", {METHOD: "tools/call", TOOL: tool, OPERATION: "execute_tool"}

@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers.alerting import add_server
 from tests.helpers.api import Account, Api, AppFactory
+from tests.helpers.browser import Browser
 from tests.helpers.otlp import Collector, ReceivedSpan, parse_traceparent, tracing_env
 from tests.helpers.upstreams import sdk_server, unused_url
 
@@ -151,6 +152,34 @@ async def test_a_refusal_is_logged_in_the_trace_and_makes_it_error(
     assert (span.name, span.status) == ("tools/call echo", "ERROR")
     assert span.attributes["error.type"] == "refused"
     assert span.attributes["http.response.status_code"] == 403
+
+
+async def test_the_dashboards_playground_form_is_traced_the_same_way(
+    traced_api: Api, collector: Collector, traced_upstream: str
+) -> None:
+    owner = await traced_api.signup()
+    server_id = await add_server(traced_api, owner, "traced", traced_upstream)
+    browser = Browser(traced_api)
+    try:
+        await browser.log_in(owner.email)
+        await browser.get(f"/servers/{server_id}/tools")
+        page = await browser.post(
+            f"/servers/{server_id}/tools/invoke",
+            {"tool_name": "trace_headers", "arguments": "{}"},
+            expect=200,
+        )
+    finally:
+        await browser.close()
+    row = await row_of(traced_api, owner, server_id)
+    server = await the_server_span(collector, row["trace_id"])
+    [client] = await collector.spans_where(
+        lambda s: s.trace_id == row["trace_id"] and s.kind == "CLIENT"
+    )
+    assert (server.name, server.status) == ("tools/call trace_headers", "UNSET")
+    assert server.attributes["gen_ai.tool.name"] == "trace_headers"
+    assert client.parent_span_id == server.span_id
+    # The result the page shows is the headers the server received: the CLIENT span's.
+    assert page.has(f"{row['trace_id']}-{client.span_id}")
 
 
 async def test_untraced_the_row_has_no_trace_id_and_nothing_goes_upstream(
