@@ -79,7 +79,7 @@ async def test_with_a_trace_url_a_call_links_to_its_trace_in_a_new_tab(
         f'title="Trace {trace_id}, in a new tab">'
     )
     rows = call_pages(await browser.get("/tool-calls"))
-    assert link.format("") + "trace<" in rows["charge"]
+    assert link.format(" trace") + "trace<" in rows["charge"]
     assert "trace" not in rows["refund"]
 
     page = await browser.get(rows["charge page"])
@@ -94,7 +94,10 @@ async def test_without_a_trace_url_the_id_is_shown_whole_to_copy(
 ) -> None:
     browser, trace_id, _ = await arrange()
     rows = call_pages(await browser.get("/tool-calls"))
-    short = f'<span class="mono trace-id short" title="{trace_id}">{trace_id}</span>'
+    short = (
+        f'<span class="trace muted">trace <span class="mono trace-id short" title="{trace_id}">'
+        f"{trace_id}</span></span>"
+    )
     assert short in rows["charge"]
     assert "trace" not in rows["refund"]
     assert "tempo" not in rows["charge"] and '<a class="trace-link' not in rows["charge"]

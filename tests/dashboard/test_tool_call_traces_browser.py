@@ -97,7 +97,8 @@ async def test_without_a_trace_url_a_click_selects_the_whole_id(
     assert await page.evaluate("getSelection().toString()") == trace_id
     await fits_a_phone(visitor, "tool-calls-trace-id", width)
 
-    await page.locator("table tbody tr").filter(has=shown).get_by_role("link").first.click()
+    traced = page.locator("table tbody tr").filter(has=page.locator(".trace-id"))
+    await traced.get_by_role("link").first.click()
     whole = page.locator("dl.facts .trace-id")
     await expect(whole).to_have_text(trace_id)
     await whole.click()
