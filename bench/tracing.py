@@ -1,7 +1,7 @@
 """What tracing costs the proxy: the gateway with tracing off against the gateway exporting
 every span (100 % sampling) to a collector on loopback.
 
-    python bench/tracing.py [--seconds 5] [--runs 3] [--connections 1,64]
+    python bench/tracing.py [--seconds 5] [--runs 3] [--connections 1,64] [--ratio 0.1]
 
 One command: a private PostgreSQL, bench/proxy.py's MCP upstream, a sink collector (POST
 /v1/traces answered 200, the body read and thrown away) and two gateways, one without an OTLP
@@ -10,7 +10,8 @@ endpoint and one with OTEL_EXPORTER_OTLP_ENDPOINT set to the sink. Both gateways
 p50 per concurrency (median of the runs), the traced gateway's throughput as a share of the
 untraced one and its p50 over it (paired runs), and the traced gateway's span counts from
 /metrics (exported, dropped: the exporter thread shares the gateway's CPU). Everything runs on
-127.0.0.1 and is stopped by PID at the end.
+127.0.0.1 and is stopped by PID at the end. `--ratio` samples that share of the traces
+(OTEL_TRACES_SAMPLER=traceidratio) instead of all of them.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5, help="per wrk run")
     parser.add_argument("--runs", type=int, default=3, help="runs per gateway and concurrency")
     parser.add_argument("--connections", default="1,64")
+    parser.add_argument("--ratio", type=float, help="sample this share of traces (default: all)")
     parser.add_argument("--sink", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sink:
@@ -81,6 +83,11 @@ def main() -> None:
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
         "OTEL_TRACES_SAMPLER": "always_on",
     }
+    if args.ratio is not None:
+        traced_env |= {
+            "OTEL_TRACES_SAMPLER": "traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": str(args.ratio),
+        }
     with (
         postgres() as dsn,
         process(

@@ -18,6 +18,8 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import use_span
 
+from gateway.app import create_app
+from gateway.config import ConfigError, Settings
 from tests.helpers.api import Api
 from tests.helpers.otlp import (
     Collector,
@@ -468,3 +470,16 @@ async def test_a_collector_that_stops_or_hangs_mid_load_loses_no_call(
     counted = await spans_counted(api)
     assert counted["exported"] >= 200  # the first 100 calls' SERVER and CLIENT spans
     assert counted["exported"] + counted["dropped"] <= 800
+
+
+def test_batch_settings_the_sdk_refuses_are_a_configuration_error(
+    settings: Settings, collector: Collector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tracing_env(
+        monkeypatch,
+        collector.endpoint,
+        OTEL_BSP_MAX_QUEUE_SIZE="10",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="100",
+    )
+    with pytest.raises(ConfigError, match="OTEL_BSP_"):
+        create_app(settings.replace(tracing=True))
