@@ -127,6 +127,9 @@ def test_empty_values_mean_the_default() -> None:
         ("GATEWAY_ANALYTICS_CACHE_SECONDS", "x"),
         ("GATEWAY_PROXY_TIMEOUT_SECONDS", "x"),
         ("GATEWAY_RUN_WORKERS", "maybe"),
+        ("GATEWAY_TRACE_URL", "https://tempo.example/trace/"),
+        ("GATEWAY_TRACE_URL", "tempo.example/trace/{trace_id}"),
+        ("GATEWAY_TRACE_URL", "https://tempo.example/{trace_id}/{span_id}"),
     ],
 )
 def test_a_bad_value_fails_naming_the_variable(name: str, value: str) -> None:
@@ -134,6 +137,29 @@ def test_a_bad_value_fails_naming_the_variable(name: str, value: str) -> None:
         Settings.from_env({name: value})
     assert str(error.value).startswith(f"{name}: ")
     assert len(str(error.value)) > len(name) + 10  # says what is wrong, too
+
+
+@pytest.mark.parametrize(
+    ("env", "on"),
+    [
+        ({}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_SDK_DISABLED": "true"},
+            False,
+        ),
+        ({"OTEL_SERVICE_NAME": "gateway"}, False),
+    ],
+)
+def test_tracing_is_on_only_with_an_otlp_endpoint(env: dict[str, str], on: bool) -> None:
+    assert Settings.from_env(env).tracing is on
+
+
+def test_a_trace_url_template_is_kept() -> None:
+    template = "https://tempo.example/explore?trace={trace_id}"
+    assert Settings.from_env({"GATEWAY_TRACE_URL": template}).trace_url == template
 
 
 def test_every_variable_is_documented_in_the_readme() -> None:

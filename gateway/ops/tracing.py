@@ -48,6 +48,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from yarl import URL
 
+from gateway.config import ConfigError
 from gateway.keys import SETTINGS
 from gateway.ops.metrics import Reading
 
@@ -205,7 +206,10 @@ class Tracing:
             resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
         resource = Resource({SERVICE_VERSION: service_version}).merge(resource)
         self.exporter = _CountingExporter(OTLPSpanExporter())
-        self.processor = _BoundedBatches(self.exporter)
+        try:
+            self.processor = _BoundedBatches(self.exporter)
+        except ValueError as exc:  # the SDK's words on OTEL_BSP_* values that do not fit
+            raise ConfigError(f"OTEL_BSP_*: {exc}") from None
         # The sampler comes from OTEL_TRACES_SAMPLER (default: parent-based, always on).
         self.provider = TracerProvider(resource=resource)
         self.provider.add_span_processor(self.processor)
@@ -394,7 +398,6 @@ def middleware(tracing: Tracing, routes: Mapping[str, str]) -> Middleware:
     """The SERVER span of each request to a traced route (`routes`: its path template, as
     aiohttp's resource.canonical, to what it is). Outermost, so that it sees the answer the
     error middleware made. Installed only while tracing is on."""
-    from gateway.accounts.access import PRINCIPAL  # (accounts is above ops in the map)
 
     @web.middleware
     async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -404,7 +407,8 @@ def middleware(tracing: Tracing, routes: Mapping[str, str]) -> Middleware:
             return await handler(request)
         body = await _arrived(request)
         parent = tracing.parent(request, body) if what == MCP_ENDPOINT else None
-        trace_ = tracing.start(f"{request.method} {resource.canonical}", parent, {})
+        route_name = f"{request.method} {resource.canonical}"
+        trace_ = tracing.start(route_name, parent, {})
         request[TRACE] = trace_
         token = otel_context.attach(trace.set_span_in_context(trace_.span))
         status = 500
@@ -417,27 +421,40 @@ def middleware(tracing: Tracing, routes: Mapping[str, str]) -> Middleware:
             raise
         finally:
             otel_context.detach(token)
-            if body is None:
-                body = await _arrived(request)
-            if what == MCP_ENDPOINT:
-                method, attributes = describe(body)
+            if trace_.span.is_recording():
+                if body is None:
+                    body = await _arrived(request)
+                attributes = _described(request, what, body, route_name, trace_)
+                tracing.end(trace_, status, attributes)
             else:
-                method, attributes = _playground_call(body)
-            trace_.span.update_name(span_name(method, attributes, trace_.span.name))  # type: ignore[attr-defined]
-            info = request.match_info
-            for name, key in (("server_id", SERVER), ("toolset_id", TOOLSET)):
-                if name in info:
-                    attributes[key] = info[name]
-            principal = request.get(PRINCIPAL)
-            if principal is not None:
-                attributes[WORKSPACE] = str(principal.workspace_id)
-            for header, key in (("Mcp-Session-Id", SESSION), ("MCP-Protocol-Version", PROTOCOL)):
-                value = request.headers.get(header)
-                if value is not None:
-                    attributes[key] = value
-            tracing.end(trace_, status, attributes)
+                trace_.span.end()  # (not sampled: nothing to describe)
 
     return traced
+
+
+def _described(
+    request: web.Request, what: str, body: bytes | None, route_name: str, trace_: Trace
+) -> dict[str, Any]:
+    """The SERVER span named after the request's message, and its attributes."""
+    from gateway.accounts.access import PRINCIPAL  # (accounts is above ops in the map)
+
+    if what == MCP_ENDPOINT:
+        method, attributes = describe(body)
+    else:
+        method, attributes = _playground_call(body)
+    trace_.span.update_name(span_name(method, attributes, route_name))
+    info = request.match_info
+    for name, key in (("server_id", SERVER), ("toolset_id", TOOLSET)):
+        if name in info:
+            attributes[key] = info[name]
+    principal = request.get(PRINCIPAL)
+    if principal is not None:
+        attributes[WORKSPACE] = str(principal.workspace_id)
+    for header, key in (("Mcp-Session-Id", SESSION), ("MCP-Protocol-Version", PROTOCOL)):
+        value = request.headers.get(header)
+        if value is not None:
+            attributes[key] = value
+    return attributes
 
 
 async def _arrived(request: web.Request) -> bytes | None:

@@ -62,6 +62,7 @@ async def test_ingest_one_then_read_it(api: Api, db: asyncpg.Connection) -> None
         "error_message": None,
         "created_at": created["created_at"],
         "toolset_id": None,
+        "trace_id": None,
     }
     assert await db.fetchval("SELECT toolset_id FROM tool_calls") is None
     assert before <= datetime.fromisoformat(created["created_at"]) <= datetime.now(UTC)
@@ -104,6 +105,11 @@ async def test_ingest_validation(api: Api, db: asyncpg.Connection) -> None:
         ("tool_name", "t" * 256),
         # Indexed: 256 CJK characters would come near PostgreSQL's bound on an index entry.
         ("caller_agent", "漢" * 256),
+        # A W3C trace id: 32 lowercase hex digits, not all zeros.
+        ("trace_id", "0af7651916cd43dd8448eb211c80319"),
+        ("trace_id", "0AF7651916CD43DD8448EB211C80319C"),
+        ("trace_id", "0" * 32),
+        ("trace_id", 42),
     ]:
         body = {**tool_call(server_id), field: value}
         reply = await api.post("/tool-calls", json=body, auth=key, expect=422)
@@ -113,6 +119,19 @@ async def test_ingest_validation(api: Api, db: asyncpg.Connection) -> None:
     await api.post("/tool-calls", data="", auth=key, expect=400)
     await api.post("/tool-calls", json=tool_call(server_id), expect=401)
     assert await db.fetchval("SELECT count(*) FROM tool_calls") == 0
+
+
+async def test_an_ingested_call_keeps_its_trace_id(api: Api, db: asyncpg.Connection) -> None:
+    """A client that traces its agent links each call it reports to its trace."""
+    _, key, server_id = await workspace_with_server(api, db)
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    created = (
+        await api.post("/tool-calls", json=tool_call(server_id, trace_id=trace_id), auth=key)
+    ).body
+    assert created["trace_id"] == trace_id
+    listed = await api.get("/tool-calls", auth=key, expect=200)
+    assert [item["trace_id"] for item in listed.body["items"]] == [trace_id]
+    assert await db.fetchval("SELECT trace_id FROM tool_calls") == trace_id
 
 
 async def test_ingest_only_into_own_servers(api: Api, db: asyncpg.Connection) -> None:
