@@ -9,7 +9,14 @@ from typing import Annotated, Any, Literal, NotRequired
 
 import pydantic
 from aiohttp import web
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    model_validator,
+)
 from typing_extensions import TypedDict
 
 from gateway.accounts.access import PRINCIPAL, READ, USE
@@ -77,7 +84,13 @@ def _valid_trace(value: str) -> str:
     return value
 
 
-TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$"), AfterValidator(_valid_trace)]
+TraceId = Annotated[
+    str,
+    StringConstraints(pattern=r"^[0-9a-f]{32}$"),
+    AfterValidator(_valid_trace),
+    # (The document says so too: pydantic's pattern engine has no lookahead to say it there.)
+    WithJsonSchema({"type": "string", "pattern": "^[0-9a-f]{32}$", "not": {"const": "0" * 32}}),
+]
 
 
 class ToolCallIn(TypedDict):
