@@ -23,9 +23,8 @@ from typing import Annotated, Any, Literal
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from opentelemetry.trace import Span, StatusCode
+from opentelemetry.trace import Span
 from pydantic import Field
-from yarl import URL
 
 from gateway.accounts.access import MCP, PRINCIPAL, Access
 from gateway.api.models import Out
@@ -44,17 +43,16 @@ from gateway.keys import HTTP, SETTINGS
 from gateway.mcp.tool_list_budget import MAX_TOOL_LIST_BYTES, MiB
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.tracing import (
-    ERROR_TYPE,
     HTTP_METHOD,
     SERVER,
-    SERVER_ADDRESS,
-    SERVER_PORT,
     STATUS_CODE,
     TRACE,
     TRACING,
     Trace,
     Tracing,
     describe,
+    peer,
+    set_failed,
     span_name,
 )
 from gateway.policy.budgets import BUDGETS, Budgets
@@ -382,10 +380,7 @@ def _traced_exchange(
 ) -> tuple[Span, bytes]:
     """The exchange's CLIENT span, its context set in the headers (and the body's `_meta`)."""
     method, attributes = describe(body)
-    url = URL(upstream.url)
-    attributes[SERVER_ADDRESS] = url.host or ""
-    if url.port is not None:
-        attributes[SERVER_PORT] = url.port
+    attributes.update(peer(upstream.url))
     attributes[HTTP_METHOD] = request.method
     attributes[SERVER] = str(upstream.id)
     name = span_name(method, attributes, request.method)
@@ -397,11 +392,9 @@ def _exchanged(span: Span, outcome: Outcome) -> None:
     if outcome.status:
         span.set_attribute(STATUS_CODE, outcome.status)
     if outcome.kind:
-        span.set_attribute(ERROR_TYPE, outcome.kind)
-        span.set_status(StatusCode.ERROR, outcome.error)
+        set_failed(span, outcome.kind, outcome.error)
     elif outcome.status >= 500:
-        span.set_attribute(ERROR_TYPE, str(outcome.status))
-        span.set_status(StatusCode.ERROR)
+        set_failed(span, str(outcome.status))
     span.end()
 
 

@@ -225,9 +225,12 @@ async def test_one_workspace_checks_one_schema_at_a_time(checker: SchemaChecker)
 
 
 async def test_a_check_that_cannot_start_in_time_is_not_enforced(single: SchemaChecker) -> None:
+    """The one worker is busy past w3's bound: w1's slow check until it is killed (1 s), then
+    w2's, which waited less than its own bound for it (w2 comes half-way, w3 just after)."""
     checker = single
+    assert (await checker.check("w0", {"type": "object"}, {})).checked  # the worker is up
     running_slow = asyncio.create_task(checker.check("w1", any_of_chain(), {"value": "x"}))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)
     waiting_slow = asyncio.create_task(checker.check("w2", any_of_chain(), {"value": "x"}))
     await asyncio.sleep(0.1)
     started = time.perf_counter()
