@@ -398,6 +398,7 @@ def middleware(tracing: Tracing, routes: Mapping[str, str]) -> Middleware:
     """The SERVER span of each request to a traced route (`routes`: its path template, as
     aiohttp's resource.canonical, to what it is). Outermost, so that it sees the answer the
     error middleware made. Installed only while tracing is on."""
+    from gateway.accounts.access import PRINCIPAL  # (accounts is above ops in the map)
 
     @web.middleware
     async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -408,7 +409,10 @@ def middleware(tracing: Tracing, routes: Mapping[str, str]) -> Middleware:
         body = await _arrived(request)
         parent = tracing.parent(request, body) if what == MCP_ENDPOINT else None
         route_name = f"{request.method} {resource.canonical}"
-        trace_ = tracing.start(route_name, parent, {})
+        # Described at the start when the body is at hand (most are): attributes given to a
+        # span as it starts cost a third less than set later.
+        name, attributes = _described(request, what, body, route_name)
+        trace_ = tracing.start(name, parent, attributes)
         request[TRACE] = trace_
         token = otel_context.attach(trace.set_span_in_context(trace_.span))
         status = 500
@@ -422,39 +426,37 @@ def middleware(tracing: Tracing, routes: Mapping[str, str]) -> Middleware:
         finally:
             otel_context.detach(token)
             if trace_.span.is_recording():
-                if body is None:
-                    body = await _arrived(request)
-                attributes = _described(request, what, body, route_name, trace_)
-                tracing.end(trace_, status, attributes)
+                late: dict[str, Any] = {}
+                if body is None and (body := await _arrived(request)) is not None:
+                    name, late = _described(request, what, body, route_name)
+                    trace_.span.update_name(name)
+                principal = request.get(PRINCIPAL)
+                if principal is not None:
+                    late[WORKSPACE] = str(principal.workspace_id)
+                tracing.end(trace_, status, late)
             else:
-                trace_.span.end()  # (not sampled: nothing to describe)
+                trace_.span.end()  # (not sampled: nothing more to say)
 
     return traced
 
 
 def _described(
-    request: web.Request, what: str, body: bytes | None, route_name: str, trace_: Trace
-) -> dict[str, Any]:
-    """The SERVER span named after the request's message, and its attributes."""
-    from gateway.accounts.access import PRINCIPAL  # (accounts is above ops in the map)
-
+    request: web.Request, what: str, body: bytes | None, route_name: str
+) -> tuple[str, dict[str, Any]]:
+    """The SERVER span's name, after the request's message, and its attributes."""
     if what == MCP_ENDPOINT:
         method, attributes = describe(body)
     else:
         method, attributes = _playground_call(body)
-    trace_.span.update_name(span_name(method, attributes, route_name))
     info = request.match_info
     for name, key in (("server_id", SERVER), ("toolset_id", TOOLSET)):
         if name in info:
             attributes[key] = info[name]
-    principal = request.get(PRINCIPAL)
-    if principal is not None:
-        attributes[WORKSPACE] = str(principal.workspace_id)
     for header, key in (("Mcp-Session-Id", SESSION), ("MCP-Protocol-Version", PROTOCOL)):
         value = request.headers.get(header)
         if value is not None:
             attributes[key] = value
-    return attributes
+    return span_name(method, attributes, route_name), attributes
 
 
 async def _arrived(request: web.Request) -> bytes | None:

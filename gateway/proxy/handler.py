@@ -43,9 +43,10 @@ from gateway.keys import HTTP, SETTINGS
 from gateway.mcp.tool_list_budget import MAX_TOOL_LIST_BYTES, MiB
 from gateway.ops.metrics import METRICS, Metrics
 from gateway.ops.tracing import (
-    HTTP_METHOD,
+    METHOD,
     SERVER,
     STATUS_CODE,
+    TOOL,
     TRACE,
     TRACING,
     Trace,
@@ -379,11 +380,16 @@ def _traced_exchange(
     body: bytes,
 ) -> tuple[Span, bytes]:
     """The exchange's CLIENT span, its context set in the headers (and the body's `_meta`)."""
-    method, attributes = describe(body)
-    attributes.update(peer(upstream.url))
-    attributes[HTTP_METHOD] = request.method
+    method, described = describe(body)
+    # What the exchange adds to its parent's attributes: the method and tool as the server
+    # hears them (a toolset's names are its own), and where it went. (Every attribute costs
+    # each traced request microseconds, kept and encoded, so only these.)
+    attributes = peer(upstream.url)
+    for key in (METHOD, TOOL):
+        if key in described:
+            attributes[key] = described[key]
     attributes[SERVER] = str(upstream.id)
-    name = span_name(method, attributes, request.method)
+    name = span_name(method, described, request.method)
     return tracing.exchange(trace, name, attributes, headers, body)
 
 
