@@ -43,7 +43,9 @@ The packages (each opens with its job):
                  connect (the "Connect an agent" snippets)
     background/  the loops, each `async def run(app)`, started from one list in app.py
     ops/         serve --workers (supervisor), /healthz and /readyz (readiness), metrics
-                 and the worker snapshots a scrape adds up (snapshots), the access log
+                 and the worker snapshots a scrape adds up (snapshots), the access log,
+                 and OpenTelemetry traces (tracing: off unless an OTLP endpoint is set;
+                 the middleware's SERVER spans, the exchanges' CLIENT spans, the exporter)
     mcp/         the gateway's own MCP client: client, errors, headers, tool list budget, probe
     security/    passwords, tokens, key values, sealed credentials, the outbound address
                  policy, untrusted JSON Schemas checked in worker processes
@@ -91,4 +93,5 @@ Hot-path conventions (the proxy's every call pays for each line; bench/proxy_cos
 - What a request needs is looked up once (proxy.handler.Proxying), not by app[key] per use.
 - Refusals come before anything is forwarded: a call the gateway could not log, or could read
   differently from the server, never reaches it.
+- Tracing off costs one test (Proxying.tracing is None): its middleware is not installed.
 """
