@@ -266,6 +266,12 @@ class Tracing:
             body = _with_traceparent(body, headers["traceparent"])
         return span, body
 
+    @staticmethod
+    def propagate(trace_: Trace, headers: Any) -> None:
+        """The request's own context set in `headers` (a request not sampled: its exchange
+        gets no span of its own)."""
+        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(trace_.span))
+
     @contextlib.contextmanager
     def span(
         self,

@@ -378,8 +378,13 @@ def _traced_exchange(
     upstream: Upstream,
     headers: CIMultiDict[str],
     body: bytes,
-) -> tuple[Span, bytes]:
-    """The exchange's CLIENT span, its context set in the headers (and the body's `_meta`)."""
+) -> tuple[Span | None, bytes]:
+    """The exchange's CLIENT span, its context set in the headers (and the body's `_meta`).
+    A request whose trace is not sampled records nothing: its own context goes upstream, as
+    not sampled, and no span is made for the exchange."""
+    if not trace.span.is_recording():
+        tracing.propagate(trace, headers)
+        return None, body
     method, described = describe(body)
     # What the exchange adds to its parent's attributes: the method and tool as the server
     # hears them (a toolset's names are its own), and where it went. (Every attribute costs
