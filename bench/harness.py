@@ -78,6 +78,16 @@ def process(
 
 
 @contextlib.contextmanager
+def mcp_upstream() -> Iterator[str]:
+    """bench/proxy.py's cheap MCP upstream (stateless JSON), pinned to the load generator's
+    CPU; yields its URL."""
+    port = free_port()
+    args = [sys.executable, str(ROOT / "bench" / "proxy.py"), "--role", "upstream"]
+    with process(pinned(OTHERS_CPU, [*args, "--port", str(port)]), port):
+        yield f"http://127.0.0.1:{port}/mcp"
+
+
+@contextlib.contextmanager
 def postgres() -> Iterator[str]:
     """A private PostgreSQL (pgserver) pinned to the CPU of the load generator."""
     import pgserver

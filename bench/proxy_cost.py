@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import (
     GATEWAY_CPU,
-    OTHERS_CPU,
     free_port,
     gateway,
+    mcp_upstream,
     pinned,
     postgres,
     process,
@@ -82,19 +82,12 @@ def targets(
     """name -> (url, API key, pid) for the pass-through and the gateway, optionally each under
     callgrind (instrumentation off until switched on)."""
     grind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"] if callgrind else []
-    upstream_port, pass_port = free_port(), free_port()
-    upstream = f"http://127.0.0.1:{upstream_port}/mcp"
+    pass_port = free_port()
     out = [] if callgrind is None else [f"--callgrind-out-file={callgrind}.%p"]
     passthrough = [*grind, *out, sys.executable, _PROXY, "--role", "passthrough"]
     with (
         postgres() as dsn,
-        process(
-            pinned(
-                OTHERS_CPU,
-                [sys.executable, _PROXY, "--role", "upstream", "--port", str(upstream_port)],
-            ),
-            upstream_port,
-        ),
+        mcp_upstream() as upstream,
         process(
             pinned(GATEWAY_CPU, [*passthrough, "--port", str(pass_port), "--upstream", upstream]),
             pass_port,

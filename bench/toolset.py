@@ -32,19 +32,15 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import (
-    OTHERS_CPU,
     Gateway,
     WrkResult,
-    free_port,
     gateway,
-    pinned,
+    mcp_upstream,
     postgres,
-    process,
     wrk,
 )
 from bench.proxy_cost import cpu_seconds
 
-_PROXY = str(Path(__file__).resolve().parent / "proxy.py")
 _MEMBERS = 3
 _SESSIONS = 50
 _MODERN = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call"}
@@ -109,19 +105,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5, help="per wrk run")
     parser.add_argument("--runs", type=int, default=3, help="runs per target and concurrency")
     args = parser.parse_args()
-    upstream_port = free_port()
-    upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
-    with (
-        postgres() as dsn,
-        process(
-            pinned(
-                OTHERS_CPU,
-                [sys.executable, _PROXY, "--role", "upstream", "--port", str(upstream_port)],
-            ),
-            upstream_port,
-        ),  # fmt: skip
-        gateway(dsn) as gw,
-    ):
+    with postgres() as dsn, mcp_upstream() as upstream_url, gateway(dsn) as gw:
         toolset_id, server_id = asyncio.run(make_toolset(gw, upstream_url))
         toolset_url = f"{gw.url}/api/v1/toolsets/{toolset_id}/mcp"
         session, _ = asyncio.run(initialize(toolset_url, gw.key))

@@ -29,14 +29,13 @@ from bench.harness import (
     WrkResult,
     free_port,
     gateway,
+    mcp_upstream,
     median_result,
     pinned,
     postgres,
     process,
     wrk,
 )
-
-_PROXY = str(Path(__file__).resolve().parent / "proxy.py")
 
 
 def serve_sink(port: int) -> None:
@@ -77,8 +76,7 @@ def main() -> None:
         serve_sink(args.sink)
         return
     connections = [int(c) for c in args.connections.split(",")]
-    upstream_port, sink_port = free_port(), free_port()
-    upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
+    sink_port = free_port()
     traced_env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
         "OTEL_TRACES_SAMPLER": "always_on",
@@ -90,13 +88,7 @@ def main() -> None:
         }
     with (
         postgres() as dsn,
-        process(
-            pinned(
-                OTHERS_CPU,
-                [sys.executable, _PROXY, "--role", "upstream", "--port", str(upstream_port)],
-            ),
-            upstream_port,
-        ),
+        mcp_upstream() as upstream_url,
         process(
             pinned(OTHERS_CPU, [sys.executable, __file__, "--sink", str(sink_port)]), sink_port
         ),

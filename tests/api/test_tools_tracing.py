@@ -6,31 +6,13 @@ collector on loopback; the upstream is the official SDK's server, itself traced.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.helpers.alerting import add_server
 from tests.helpers.api import Account, Api, AppFactory
 from tests.helpers.browser import Browser
-from tests.helpers.otlp import Collector, ReceivedSpan, parse_traceparent, tracing_env
-from tests.helpers.upstreams import sdk_server, unused_url
-
-
-@pytest.fixture
-def traced_upstream(collector: Collector) -> Iterator[str]:
-    """An SDK server exporting its own spans to the test's collector, with `trace_headers`."""
-    with sdk_server(stateless=True, json_response=True, otlp_endpoint=collector.endpoint) as url:
-        yield url
-
-
-@pytest.fixture
-async def traced_api(
-    make_api: AppFactory, collector: Collector, monkeypatch: pytest.MonkeyPatch
-) -> Api:
-    tracing_env(monkeypatch, collector.endpoint)
-    return await make_api(tracing=True)
+from tests.helpers.otlp import Collector, ReceivedSpan, parse_traceparent
+from tests.helpers.upstreams import unused_url
 
 
 async def invoke(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from tests.helpers.api import Api, AppFactory
+from tests.helpers.upstreams import sdk_server
 from tests.helpers.waiting import until
 
 PROTOBUF = "application/x-protobuf"
@@ -234,3 +236,20 @@ async def collector() -> AsyncIterator[Collector]:
         yield started
     finally:
         await started.stop()
+
+
+# An SDK server exporting its own spans to the test's collector (its OpenTelemetry middleware
+# parents them on the message's `_meta.traceparent`), with the `trace_headers` tool.
+@pytest.fixture
+def traced_upstream(collector: Collector) -> Iterator[str]:
+    with sdk_server(stateless=True, json_response=True, otlp_endpoint=collector.endpoint) as url:
+        yield url
+
+
+# A gateway whose traces go to the test's collector.
+@pytest.fixture
+async def traced_api(
+    make_api: AppFactory, collector: Collector, monkeypatch: pytest.MonkeyPatch
+) -> Api:
+    tracing_env(monkeypatch, collector.endpoint)
+    return await make_api(tracing=True)
