@@ -237,13 +237,11 @@ class Tracing:
     def end(trace_: Trace, status: int, attributes: dict[str, Any]) -> None:
         span = trace_.span
         attributes[STATUS_CODE] = status
-        if trace_.failed is not None:
-            attributes[ERROR_TYPE] = trace_.failed
-            span.set_status(StatusCode.ERROR)
-        elif not trace_.logged and status >= 500:
-            attributes[ERROR_TYPE] = str(status)
-            span.set_status(StatusCode.ERROR)
         span.set_attributes(attributes)
+        if trace_.failed is not None:
+            set_failed(span, trace_.failed)
+        elif not trace_.logged and status >= 500:
+            set_failed(span, str(status))
         span.end()
 
     # -- the upstream exchange ----------------------------------------------------------------
