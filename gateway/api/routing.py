@@ -215,11 +215,25 @@ class _Handler:
         if endpoint.query is not None:
             kwargs["query"] = read_query(request, endpoint.query)
         result = await self.fn(request, **kwargs)
-        if isinstance(result, web.StreamResponse):
+        if _is_response(result):
             return result
         if result is None:
             return web.Response(status=204)
         return json_response(result, endpoint.status)
+
+
+# Whether a handler's result type is a response (see _is_response).
+_RESPONSE_TYPES: dict[type, bool] = {}
+
+
+def _is_response(result: object) -> typing.TypeGuard[web.StreamResponse]:
+    """isinstance(result, web.StreamResponse), remembered per type: StreamResponse is an ABC
+    (a MutableMapping), so each isinstance() runs Python code, on every proxied call."""
+    kind = type(result)
+    known = _RESPONSE_TYPES.get(kind)
+    if known is None:
+        known = _RESPONSE_TYPES[kind] = issubclass(kind, web.StreamResponse)
+    return known
 
 
 async def read_bytes(request: web.Request) -> bytes:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from gateway.accounts.access import PRINCIPAL
-from gateway.calllog.records import ToolCall, clean_text, new_call_id
+from gateway.calllog.records import clean_text, new_call_id, tool_call_of
 from gateway.calllog.writer import CallLog, Reservation
 from gateway.ops.metrics import Metrics, observe
 from gateway.ops.tracing import Trace
@@ -204,21 +204,23 @@ def record_calls(
         # The usual case first, without _verdict's call: its response reached the caller.
         error = call.error if call.relayed and relayed_ok else _verdict(call, outcome)
         call_log.add(
-            ToolCall(
-                id=new_call_id(),
-                workspace_id=upstream.workspace_id,
-                server_id=upstream.id,
-                tool_name=call.name,
-                caller_agent=caller,
-                status="success" if error is None else "error",
-                duration_ms=duration_ms,
-                input_tokens=None,
-                output_tokens=None,
-                output_size_bytes=outcome.size,
-                error_message=error,
-                created_at=created_at,
-                toolset_id=toolset_id,
-                trace_id=trace_id,
+            tool_call_of(
+                (
+                    new_call_id(),  # id
+                    upstream.workspace_id,
+                    upstream.id,  # server_id
+                    call.name,  # tool_name
+                    caller,  # caller_agent
+                    "success" if error is None else "error",  # status
+                    duration_ms,
+                    None,  # input_tokens
+                    None,  # output_tokens
+                    outcome.size,  # output_size_bytes
+                    error,  # error_message
+                    created_at,
+                    toolset_id,
+                    trace_id,
+                )
             ),
             reservation,
         )

@@ -846,6 +846,37 @@ async def test_proxied_calls_gather_behind_the_batch_in_flight(
     assert log.stats.batches == 2  # the held one, then the three gathered behind it
 
 
+async def test_proxied_calls_gather_until_a_write_waits_for_its_commit(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, _) = servers
+    log = CallLog(pool, gather_seconds=30.0)  # longer than this test: only a write ends it
+    log.start()
+    for _ in range(3):  # the proxy's rows: nobody waits for their commit, so they gather...
+        log.add(record(workspace, server))
+    await asyncio.sleep(0.3)
+    assert log.stats.batches == 0
+    # ...until a caller waits for its own rows' commit: then all are written at once.
+    await asyncio.wait_for(log.write([record(workspace, server)]), 10)
+    assert await db.fetchval("SELECT count(*) FROM tool_calls") == 4
+    assert log.stats.batches == 1
+    await log.close()
+
+
+async def test_gathered_calls_are_written_without_anyone_waiting(
+    pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
+) -> None:
+    workspace, (server, _) = servers
+    log = CallLog(pool, gather_seconds=0.2)
+    log.start()
+    log.add(record(workspace, server))
+    deadline = time.monotonic() + 10
+    while await db.fetchval("SELECT count(*) FROM tool_calls") < 1:
+        assert time.monotonic() < deadline, "a gathered call was never written"
+        await asyncio.sleep(0.05)
+    await log.close()
+
+
 async def test_a_full_batch_is_written_beside_a_stuck_one(
     pool: asyncpg.Pool, db: asyncpg.Connection, servers: tuple[uuid.UUID, list[uuid.UUID]]
 ) -> None:
