@@ -16,6 +16,7 @@ from gateway.calllog.records import ToolCall, new_call_id
 from gateway.db import partitions
 from gateway.db import tool_calls as tool_calls_db
 from gateway.db.partitions import DAY, GRACE, day_name, floor_day
+from gateway.db.schema import apply_schema
 
 HOUR = timedelta(hours=1)
 
@@ -63,6 +64,9 @@ async def names(db: asyncpg.Connection) -> list[str]:
 
 
 async def test_the_days_kept_and_the_next_ones_have_partitions(db: asyncpg.Connection) -> None:
+    # As every gateway process does at start (the test's database is a copy of a template made
+    # when the session began, maybe the day before).
+    await apply_schema(db)
     today = floor_day(datetime.now(UTC))
     found = await partitions.partitions(db)
     assert all(p.attached and not p.detaching for p in found)
